@@ -1,0 +1,165 @@
+"""Reference mutable segment: small and obviously correct, the oracle for ``_ext/_segment``.
+
+A mutable segment holds the documents ingested since the last seal, indexed in memory:
+- postings: term bytes -> increasing row offsets (row id - segment base);
+- columns: column key (path + type tag) -> (offsets, values) for values not inside arrays.
+
+Flattening rules (docs/architecture.md repeats them):
+- nested objects flatten to paths (tuples of names); non-root objects add an OBJECT marker term;
+- an array adds an ARRAY marker term at its path, and each element is indexed under the same
+  path (objects inside arrays flatten below it, nested arrays are flattened the same way);
+- the column store gets one value per (path, type) for leaves outside arrays; an array at a
+  path outside arrays is stored whole as JSON text in its ARRAY column;
+- a top-level ``_event_time`` int is a TIMESTAMP; everything else is NULL/BOOL/INT/FLOAT/STRING.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from array import array
+from typing import Any
+
+import orjson
+
+from rtindex import keys
+from rtindex.errors import SchemaError
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def path_str(parts: list) -> str:
+    """``["a", 3, "b"]`` -> ``$.a[3].b`` (names that are not identifiers are quoted)."""
+    out = ["$"]
+    for p in parts:
+        if isinstance(p, int):
+            out.append(f"[{p}]")
+        elif _IDENT.match(p):
+            out.append("." + p)
+        else:
+            out.append("[" + orjson.dumps(p).decode() + "]")
+    return "".join(out)
+
+
+class SegmentBuilder:
+    """In-memory postings and column values of the newest rows of one shard."""
+
+    def __init__(self, max_depth: int = 64):
+        self.max_depth = max_depth
+        self._postings: dict[bytes, array] = {}
+        self._terms_by_column: dict[bytes, list[bytes]] = {}
+        self._columns: dict[bytes, tuple[array, list]] = {}
+        self._n = 0
+        self._nbytes = 0
+
+    @property
+    def n_rows(self) -> int:
+        return self._n
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held (term bytes + 4 per posting entry + column values)."""
+        return self._nbytes
+
+    def add(self, doc: dict) -> int:
+        """Index ``doc`` as the next row; returns its offset. All or nothing on SchemaError."""
+        if not isinstance(doc, dict):
+            raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
+        terms: list[bytes] = []
+        cols: list[tuple[bytes, Any]] = []
+        self._walk_object(doc, (), [], 1, False, terms, cols)
+        off = self._n
+        for t in terms:
+            plist = self._postings.get(t)
+            if plist is None:
+                plist = self._postings[t] = array("I")
+                ck = t[: keys._path_end(t) + 1]
+                self._terms_by_column.setdefault(ck, []).append(t)
+                self._nbytes += len(t) + 64
+            if not plist or plist[-1] != off:
+                plist.append(off)
+                self._nbytes += 4
+        for ck, v in cols:
+            col = self._columns.get(ck)
+            if col is None:
+                col = self._columns[ck] = (array("I"), [])
+            col[0].append(off)
+            col[1].append(v)
+            self._nbytes += 16 + (len(v) if isinstance(v, str) else 8)
+        self._n += 1
+        return off
+
+    def _walk_object(self, obj, path, where, depth, in_array, terms, cols):
+        if depth > self.max_depth:
+            raise SchemaError(f"nesting deeper than {self.max_depth} levels", path_str(where))
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise SchemaError(f"object keys must be strings, not {type(k).__name__}", path_str(where))
+            self._walk_value(v, path + (k,), where + [k], depth, in_array, terms, cols, top=depth == 1)
+
+    def _walk_value(self, v, path, where, depth, in_array, terms, cols, top=False):
+        if isinstance(v, str):
+            try:
+                enc = keys.encode_string(v)
+            except UnicodeEncodeError:
+                raise SchemaError("string is not valid UTF-8 (lone surrogate)", path_str(where)) from None
+            self._leaf(path, keys.STRING, enc, v, in_array, terms, cols)
+        elif v is None:
+            self._leaf(path, keys.NULL, b"", None, in_array, terms, cols)
+        elif v is True or v is False:
+            self._leaf(path, keys.BOOL, b"\x01" if v else b"\x00", v, in_array, terms, cols)
+        elif isinstance(v, int):
+            if not keys.INT_MIN <= v <= keys.INT_MAX:
+                raise SchemaError("integer outside the signed 64-bit range", path_str(where))
+            tag = keys.TIMESTAMP if top and path == ("_event_time",) else keys.INT
+            self._leaf(path, tag, keys.encode_int(v), int(v), in_array, terms, cols)
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise SchemaError(f"non-finite number {v!r} (JSON has no NaN or Infinity)", path_str(where))
+            v = v + 0.0  # -0.0 -> 0.0
+            self._leaf(path, keys.FLOAT, keys.encode_float(v), v, in_array, terms, cols)
+        elif isinstance(v, dict):
+            terms.append(keys.encode_path(path) + bytes((keys.OBJECT,)))
+            self._walk_object(v, path, where, depth + 1, in_array, terms, cols)
+        elif isinstance(v, (list, tuple)):
+            if depth + 1 > self.max_depth:
+                raise SchemaError(f"nesting deeper than {self.max_depth} levels", path_str(where))
+            terms.append(keys.encode_path(path) + bytes((keys.ARRAY,)))
+            for i, item in enumerate(v):
+                self._walk_value(item, path, where + [i], depth + 1, True, terms, cols)
+            if not in_array:
+                cols.append((keys.encode_path(path) + bytes((keys.ARRAY,)), orjson.dumps(v).decode()))
+        else:
+            raise SchemaError(f"unsupported value type {type(v).__name__}", path_str(where))
+
+    @staticmethod
+    def _leaf(path, tag, enc, value, in_array, terms, cols):
+        ck = keys.encode_path(path) + bytes((tag,))
+        terms.append(ck + enc)
+        if not in_array:
+            cols.append((ck, value))
+
+    def postings(self, term: bytes, limit: int) -> array:
+        """Offsets (< ``limit``) of the rows holding ``term``, increasing; a new array."""
+        plist = self._postings.get(term)
+        if plist is None:
+            return array("I")
+        n = len(plist)
+        while n and plist[n - 1] >= limit:
+            n -= 1
+        return plist[:n]
+
+    def column_terms(self, column_key: bytes) -> list[bytes]:
+        """Every distinct term of one column key (path + type), in no particular order."""
+        return list(self._terms_by_column.get(column_key, ()))
+
+    def column_keys(self) -> list[bytes]:
+        return list(self._terms_by_column)
+
+    def sorted_postings(self) -> list[tuple[bytes, array]]:
+        """All (term, offsets) pairs sorted by term: what a seal writes."""
+        return [(t, self._postings[t]) for t in sorted(self._postings)]
+
+    def columns(self) -> list[tuple[bytes, array, list]]:
+        """(column key, offsets, values) for every column, sorted by column key."""
+        return [(ck, *self._columns[ck]) for ck in sorted(self._columns)]

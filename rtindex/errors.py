@@ -1,0 +1,53 @@
+"""The whole rtindex exception hierarchy, nothing else.
+
+Errors that mean a builtin (a missing key, a bad value) also inherit that builtin, so
+``except KeyError`` and ``except ValueError`` keep working for callers who don't know us.
+"""
+
+from __future__ import annotations
+
+
+class RtindexError(Exception):
+    """Base class of every error rtindex raises."""
+
+
+class StorageError(RtindexError):
+    """RocksDB failed underneath us (I/O error, lock held by another process, ...)."""
+
+
+class CorruptionError(StorageError):
+    """On-disk data does not decode: a bug or a damaged disk; restore from a backup."""
+
+
+class ClosedError(RtindexError):
+    """A database, collection or snapshot was used after close()."""
+
+
+class NotFoundError(RtindexError, KeyError):
+    """A collection (or document) that does not exist."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AlreadyExistsError(RtindexError, ValueError):
+    """create_collection() on a name that is taken."""
+
+
+class SchemaError(RtindexError, ValueError):
+    """A document that cannot be stored; ``path`` says where, like ``$.a[3].b``."""
+
+    def __init__(self, message: str, path: str = "$", doc_index: int | None = None):
+        self.path = path
+        self.doc_index = doc_index
+        where = f"document {doc_index}, " if doc_index is not None else ""
+        super().__init__(f"{message} (at {where}{path})")
+        self.message = message
+
+
+class OverloadedError(RtindexError):
+    """Too much work queued; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,0 +1,175 @@
+"""Order-preserving key encoding: pure functions shared by every index kind.
+
+A *term* is ``encode_path(path) + tag + encode_value(tag, value)``. Within one path and
+type, bytewise order of the encoded value equals the natural order of the value, so a range
+predicate is one RocksDB key range. Every encoding is prefix-free, so a term is never the
+prefix of another term and a term prefix scan finds exactly that term.
+
+The Cython segment builder (``rtindex/_ext/_segment.pyx``) produces the same bytes; the tests
+compare the two on generated documents.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Sequence
+
+# Type tags. The numbers are part of the on-disk format: never renumber.
+NULL = 0x01
+BOOL = 0x02
+INT = 0x03
+FLOAT = 0x04
+STRING = 0x05
+TIMESTAMP = 0x06  # int64 microseconds since the Unix epoch (only `_event_time`)
+ARRAY = 0x07  # marker: "an array is at this path" (no value bytes)
+OBJECT = 0x08  # marker: "an object is at this path" (no value bytes)
+
+TAG_NAMES = {
+    NULL: "null",
+    BOOL: "bool",
+    INT: "int",
+    FLOAT: "float",
+    STRING: "string",
+    TIMESTAMP: "timestamp",
+    ARRAY: "array",
+    OBJECT: "object",
+}
+TAGS_BY_NAME = {v: k for k, v in TAG_NAMES.items()}
+
+INT_MIN = -(1 << 63)
+INT_MAX = (1 << 63) - 1
+_SIGN = 1 << 63
+_MASK = (1 << 64) - 1
+_PACK_Q = struct.Struct(">Q")
+_PACK_D = struct.Struct(">d")
+
+
+def escape(raw: bytes) -> bytes:
+    """Make ``raw`` free of the two-byte terminators below: 0x00 becomes 0x00 0xFF."""
+    return raw.replace(b"\x00", b"\x00\xff")
+
+
+def unescape(enc: bytes) -> bytes:
+    return enc.replace(b"\x00\xff", b"\x00")
+
+
+PATH_SEP = b"\x00\x01"
+PATH_END = b"\x00\x00"
+STR_END = b"\x00\x00"
+
+
+def encode_path(path: Sequence[str]) -> bytes:
+    """Encode a field path (a tuple of names); sorts by segment, then by depth."""
+    if not path:
+        raise ValueError("empty field path")
+    return PATH_SEP.join(escape(p.encode("utf-8")) for p in path) + PATH_END
+
+
+def decode_path(enc: bytes) -> tuple[str, ...]:
+    if not enc.endswith(PATH_END):
+        raise ValueError("not an encoded path")
+    return tuple(unescape(p).decode("utf-8") for p in enc[:-2].split(PATH_SEP))
+
+
+def split_path(path: str | Sequence[str]) -> tuple[str, ...]:
+    """``"a.b.c"`` -> ``("a", "b", "c")``; a tuple or list passes through (names with dots)."""
+    if isinstance(path, str):
+        return tuple(path.split("."))
+    return tuple(path)
+
+
+def encode_int(v: int) -> bytes:
+    return _PACK_Q.pack((v + _SIGN) & _MASK)
+
+
+def decode_int(b: bytes) -> int:
+    return _PACK_Q.unpack(b)[0] - _SIGN
+
+
+def encode_float(f: float) -> bytes:
+    if f == 0.0:
+        f = 0.0  # -0.0 and 0.0 are one value
+    bits = _PACK_Q.unpack(_PACK_D.pack(f))[0]
+    bits = (~bits & _MASK) if bits & _SIGN else (bits | _SIGN)
+    return _PACK_Q.pack(bits)
+
+
+def decode_float(b: bytes) -> float:
+    bits = _PACK_Q.unpack(b)[0]
+    bits = (bits & ~_SIGN) if bits & _SIGN else (~bits & _MASK)
+    return _PACK_D.unpack(_PACK_Q.pack(bits))[0]
+
+
+def encode_string(s: str) -> bytes:
+    return escape(s.encode("utf-8")) + STR_END
+
+
+def encode_value(tag: int, value: Any) -> bytes:
+    """Encode ``value`` as type ``tag`` (no validation: callers classify first)."""
+    if tag == STRING:
+        return encode_string(value)
+    if tag == INT or tag == TIMESTAMP:
+        return encode_int(value)
+    if tag == FLOAT:
+        return encode_float(value)
+    if tag == BOOL:
+        return b"\x01" if value else b"\x00"
+    if tag in (NULL, ARRAY, OBJECT):
+        return b""
+    raise ValueError(f"unknown type tag {tag}")
+
+
+def decode_value(tag: int, enc: bytes) -> Any:
+    if tag == STRING:
+        return unescape(enc[:-2]).decode("utf-8")
+    if tag == INT or tag == TIMESTAMP:
+        return decode_int(enc)
+    if tag == FLOAT:
+        return decode_float(enc)
+    if tag == BOOL:
+        return enc == b"\x01"
+    return None
+
+
+def term(path: Sequence[str], tag: int, value: Any = None) -> bytes:
+    return encode_path(path) + bytes((tag,)) + encode_value(tag, value)
+
+
+def column_key(path: Sequence[str], tag: int) -> bytes:
+    """The prefix of every term of ``path`` with type ``tag``; also names a column."""
+    return encode_path(path) + bytes((tag,))
+
+
+def split_term(t: bytes) -> tuple[tuple[str, ...], int, Any]:
+    """Inverse of :func:`term`."""
+    end = _path_end(t)
+    return decode_path(t[:end]), t[end], decode_value(t[end], t[end + 1 :])
+
+
+def _path_end(t: bytes) -> int:
+    i = 0
+    while True:
+        i = t.index(b"\x00", i)
+        if t[i + 1] == 0x00:
+            return i + 2
+        i += 2
+
+
+def prefix_upper_bound(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        raise ValueError("no upper bound for an all-0xFF prefix")
+    p[-1] += 1
+    return bytes(p)
+
+
+def u64(v: int) -> bytes:
+    """Big-endian unsigned 64-bit: row ids and segment ids sort numerically."""
+    return _PACK_Q.pack(v)
+
+
+def from_u64(b: bytes) -> int:
+    return _PACK_Q.unpack(b)[0]
