@@ -1,0 +1,40 @@
+"""rtindex: a real-time indexing database for semi-structured JSON.
+
+>>> import rtindex
+>>> db = rtindex.open(path)                      # doctest: +SKIP
+"""
+
+from rtindex.collection import Collection, IngestStats
+from rtindex.database import Database, open
+from rtindex.documents import ItemError
+from rtindex.errors import (
+    AlreadyExistsError,
+    ClosedError,
+    CorruptionError,
+    NotFoundError,
+    OverloadedError,
+    RtindexError,
+    SchemaError,
+    StorageError,
+)
+from rtindex.snapshot import Postings, Snapshot
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExistsError",
+    "ClosedError",
+    "Collection",
+    "CorruptionError",
+    "Database",
+    "IngestStats",
+    "ItemError",
+    "NotFoundError",
+    "OverloadedError",
+    "Postings",
+    "RtindexError",
+    "SchemaError",
+    "Snapshot",
+    "StorageError",
+    "open",
+]

@@ -1,0 +1,63 @@
+"""Column store chunks: one Arrow array per (sealed segment, field path, type).
+
+A chunk holds one value per *live* row of its segment, in offset order (rows dropped by a
+merge are gone; a row without a value of this path and type is null). Chunks are stored as
+Arrow IPC streams so a scan maps them back without copying.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pyarrow as pa
+
+from rtindex import keys
+from rtindex.errors import CorruptionError
+
+ARROW_TYPES = {
+    keys.NULL: pa.bool_(),  # true where the field is JSON null
+    keys.BOOL: pa.bool_(),
+    keys.INT: pa.int64(),
+    keys.FLOAT: pa.float64(),
+    keys.STRING: pa.large_string(),
+    keys.TIMESTAMP: pa.timestamp("us", tz="UTC"),
+    keys.ARRAY: pa.large_string(),  # the whole array as JSON text
+}
+
+
+def arrow_type(tag: int) -> pa.DataType:
+    return ARROW_TYPES[tag]
+
+
+def dense(tag: int, offsets: array, values: list, n: int) -> pa.Array:
+    """An array of length ``n`` with ``values[i]`` at ``offsets[i]`` and nulls elsewhere."""
+    if tag == keys.NULL:
+        values = [True] * len(values)
+    vals = pa.array(values, type=ARROW_TYPES[tag])
+    if len(offsets) == n:  # every row has a value: offsets are 0..n-1
+        return vals
+    idx = np.full(n, -1, dtype=np.int64)
+    idx[np.frombuffer(offsets, dtype=np.uint32)] = np.arange(len(offsets), dtype=np.int64)
+    return vals.take(pa.array(idx, mask=idx < 0))
+
+
+def nulls(tag: int, n: int) -> pa.Array:
+    return pa.nulls(n, type=ARROW_TYPES[tag])
+
+
+def encode(arr: pa.Array) -> bytes:
+    batch = pa.record_batch([arr], names=["v"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def decode(data: bytes) -> pa.Array:
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except pa.ArrowInvalid as e:
+        raise CorruptionError(f"column chunk does not decode: {e}") from e
+    col = table.column(0)
+    return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)

@@ -1,0 +1,671 @@
+"""One shard: a RocksDB instance holding the converged index of a slice of a collection.
+
+Write path (docs/architecture.md has the whole story):
+1. each document of a batch is indexed into the in-memory mutable segment (it gets the next
+   row id, ``base + offset``); a document the indexer rejects is reported, nothing is written;
+2. the rows, the ``_id`` -> row id entries, delete records for replaced rows and the next
+   row id go to RocksDB in one WAL-backed WriteBatch;
+3. a new immutable :class:`ShardState` is published: readers that start now see the batch.
+
+The mutable segment is rotated out when it is big enough and sealed into RocksDB by a
+background thread; sealed segments are merged in the background too. Readers never lock:
+they take the current ShardState, whose segments stay on disk until no state refers to them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import weakref
+from array import array
+from dataclasses import dataclass, replace
+from typing import Iterable, Iterator
+
+import numpy as np
+import orjson
+import pyarrow as pa
+from pyroaring import BitMap, FrozenBitMap
+
+from rtindex import columns, keys
+from rtindex._impl import BlockWriter, SegmentBuilder, block_get, block_range, merge_blocks
+from rtindex.background import Worker
+from rtindex.errors import CorruptionError, SchemaError, StorageError
+from rtindex.keys import from_u64, u64
+from rtindex.storage import Store
+
+META_NEXT_ROW = b"N"
+META_SEGMENT = b"S"  # + segid: orjson {"base", "n", "columns"}
+META_LIVE = b"L"  # + segid: serialized BitMap of the offsets the segment holds
+META_DELETED = b"D"  # + row id: that row was replaced or deleted
+
+EMPTY = FrozenBitMap()
+MAX_SEGMENT_ROWS = 1 << 31  # offsets are uint32; merges stay well below
+
+
+class Segment:
+    """A sealed segment on disk. Immutable; weak-referenceable so its files can be dropped
+    once the last reader state that refers to it is gone."""
+
+    __slots__ = ("segid", "base", "n", "live", "column_keys", "__weakref__")
+
+    def __init__(self, segid: int, base: int, n: int, live: FrozenBitMap, column_keys: tuple[bytes, ...]):
+        self.segid = segid
+        self.base = base
+        self.n = n
+        self.live = live
+        self.column_keys = column_keys
+
+
+class MemSegment:
+    """The in-memory segment: mutable while active, read-only once rotated out for sealing."""
+
+    __slots__ = ("builder", "base", "sealed_as", "__weakref__")
+
+    def __init__(self, builder, base: int):
+        self.builder = builder
+        self.base = base
+        # the Segment it became: a reader still holding this MemSegment keeps that Segment
+        # (and so its rows) alive until the reader is done, even after a merge retires it
+        self.sealed_as: Segment | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A segment as one reader state sees it: ``limit`` rows visible, ``deleted`` offsets."""
+
+    seg: Segment | MemSegment
+    limit: int
+    deleted: FrozenBitMap
+
+    @property
+    def base(self) -> int:
+        return self.seg.base
+
+    @property
+    def sealed(self) -> bool:
+        return isinstance(self.seg, Segment)
+
+    def n_live(self) -> int:
+        if isinstance(self.seg, Segment):
+            return len(self.seg.live) - len(self.deleted)
+        return self.limit - len(self.deleted)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardState:
+    """An immutable, consistent picture of a shard: what one read sees."""
+
+    views: tuple[View, ...]
+    next_row_id: int
+
+    def view_of(self, row_id: int) -> View | None:
+        i = bisect.bisect_right([v.base for v in self.views], row_id) - 1
+        if i < 0:
+            return None
+        v = self.views[i]
+        return v if row_id - v.base < (v.seg.n if v.sealed else v.limit) else None
+
+    def count(self) -> int:
+        return sum(v.n_live() for v in self.views)
+
+
+@dataclass
+class ShardConfig:
+    seal_rows: int = 50_000
+    seal_bytes: int = 96 << 20
+    merge_factor: int = 4
+    max_merge_rows: int = 8_000_000
+    max_depth: int = 64
+    block_bytes: int = 16 << 10
+    max_pending_seals: int = 2
+
+
+class Shard:
+    def __init__(self, path: str, index: int, config: ShardConfig, sealer: Worker, merger: Worker,
+                 sync: bool = False, block_cache=None):
+        self.index = index
+        self.config = config
+        self.store = Store(path, sync=sync, block_cache=block_cache)
+        self._sealer = sealer
+        self._merger = merger
+        self._write_lock = threading.RLock()  # one writer at a time; publishes states
+        self._mem_lock = threading.Lock()  # guards the active builder against concurrent reads
+        self._seal_done = threading.Condition(self._write_lock)
+        self._merging = False
+        self._bg_error: BaseException | None = None
+        self._closed = False
+        try:
+            self._state = self._recover()
+        except BaseException:
+            self.store.close()
+            raise
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> ShardState:
+        """Load sealed segments and deletes; re-index rows that were only in memory."""
+        st = self.store
+        raw_next = st.get("meta", META_NEXT_ROW)
+        next_row = from_u64(raw_next) if raw_next else 0
+        segs: list[Segment] = []
+        for k, v in st.scan("meta", META_SEGMENT, keys.prefix_upper_bound(META_SEGMENT)):
+            segid = from_u64(k[1:])
+            d = orjson.loads(v)
+            live_raw = st.get("meta", META_LIVE + k[1:])
+            if live_raw is None:
+                raise CorruptionError(f"shard {self.index}: segment {segid} has no live set")
+            live = FrozenBitMap.deserialize(live_raw)
+            segs.append(Segment(segid, d["base"], d["n"], live, tuple(bytes.fromhex(c) for c in d["columns"])))
+        segs.sort(key=lambda s: s.base)
+        self._next_segid = max((s.segid for s in segs), default=0) + 1
+        self._collect_orphans(segs)
+        sealed_end = segs[-1].base + segs[-1].n if segs else 0
+
+        deleted: dict[int, BitMap] = {}
+        garbage = self.store.batch()
+        bases = [s.base for s in segs]
+        for k, _ in st.scan("meta", META_DELETED, keys.prefix_upper_bound(META_DELETED)):
+            rid = from_u64(k[1:])
+            if rid >= sealed_end:
+                deleted.setdefault(sealed_end, BitMap()).add(rid - sealed_end)
+                continue
+            i = bisect.bisect_right(bases, rid) - 1
+            off = rid - segs[i].base if i >= 0 else -1
+            if i >= 0 and off in segs[i].live:
+                deleted.setdefault(segs[i].base, BitMap()).add(off)
+            else:  # dropped by a merge whose clean-up did not run: finish it
+                garbage.delete("meta", k)
+                garbage.delete("rows", u64(rid))
+        if garbage.n:
+            st.write(garbage)
+
+        views = [View(s, s.n, FrozenBitMap(deleted.get(s.base, EMPTY))) for s in segs]
+        builder = SegmentBuilder(self.config.max_depth)
+        expect = sealed_end
+        for k, v in st.scan("rows", u64(sealed_end)):
+            rid = from_u64(k)
+            if rid != expect or rid >= next_row:
+                raise CorruptionError(f"shard {self.index}: row {rid} found where row {expect} was expected")
+            builder.add(orjson.loads(v))
+            expect += 1
+        if expect != next_row:
+            raise CorruptionError(f"shard {self.index}: rows end at {expect}, next row id is {next_row}")
+        mem = MemSegment(builder, sealed_end)
+        views.append(View(mem, builder.n_rows, FrozenBitMap(deleted.get(sealed_end, EMPTY))))
+        state = ShardState(tuple(views), next_row)
+        if builder.n_rows >= self.config.seal_rows or builder.nbytes >= self.config.seal_bytes:
+            state = self._rotate(state)
+        return state
+
+    def _collect_orphans(self, segs: list[Segment]) -> None:
+        """Delete postings/columns of segments no descriptor names (a crash mid-seal/merge)."""
+        live_ids = {s.segid for s in segs}
+        wb = self.store.batch()
+        for cf in ("postings", "columns"):
+            pos = b""
+            while True:
+                first = next(iter(self.store.scan(cf, pos)), None)
+                if first is None:
+                    break
+                segid = from_u64(first[0][:8])
+                nxt = u64(segid + 1)
+                if segid not in live_ids:
+                    wb.delete_range(cf, u64(segid), nxt)
+                self._next_segid = max(self._next_segid, segid + 1)
+                pos = nxt
+        for k, _ in self.store.scan("meta", META_LIVE, keys.prefix_upper_bound(META_LIVE)):
+            if from_u64(k[1:]) not in live_ids:
+                wb.delete("meta", k)
+        if wb.n:
+            self.store.write(wb)
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def state(self) -> ShardState:
+        return self._state
+
+    @property
+    def write_lock(self) -> threading.RLock:
+        """Held by every write; hold it to make a read-modify-write (patch) atomic."""
+        return self._write_lock
+
+    def get_row_id(self, id_key: bytes) -> int | None:
+        raw = self.store.get("ids", id_key)
+        return from_u64(raw) if raw is not None else None
+
+    def get(self, id_key: bytes) -> dict | None:
+        state = self._state
+        rid = self.get_row_id(id_key)
+        if rid is None or rid >= state.next_row_id:
+            return None
+        raw = self.store.get("rows", u64(rid))
+        return orjson.loads(raw) if raw is not None else None
+
+    def term(self, view: View, term: bytes) -> BitMap:
+        """Offsets of ``view``'s visible rows holding ``term``."""
+        if isinstance(view.seg, Segment):
+            hit = self.store.seek_prev("postings", u64(view.seg.segid) + term, u64(view.seg.segid))
+            bm = block_get(hit[1], term) if hit is not None else None
+            if bm is None:
+                return BitMap()
+        else:
+            bm = BitMap(self._mem_postings(view, term))
+        if view.deleted:
+            bm -= view.deleted
+        return bm
+
+    def _mem_postings(self, view: View, term: bytes) -> array:
+        if view.seg is self._state.views[-1].seg:
+            with self._mem_lock:
+                return view.seg.builder.postings(term, view.limit)
+        return view.seg.builder.postings(term, view.limit)
+
+    def term_range(self, view: View, lo: bytes, hi: bytes) -> BitMap:
+        """Offsets of visible rows holding any term t with lo <= t < hi (one path and type)."""
+        out = BitMap()
+        if isinstance(view.seg, Segment):
+            prefix = u64(view.seg.segid)
+            start = self.store.seek_prev("postings", prefix + lo, prefix)
+            start_key = start[0] if start is not None else prefix + lo
+            for k, block in self.store.scan("postings", start_key, prefix + hi):
+                for _, bm in block_range(block, lo, hi):
+                    out |= bm
+        else:
+            if view.seg is self._state.views[-1].seg:
+                with self._mem_lock:
+                    terms = [t for t in view.seg.builder.column_terms(lo[: keys._path_end(lo) + 1]) if lo <= t < hi]
+            else:
+                terms = [t for t in view.seg.builder.column_terms(lo[: keys._path_end(lo) + 1]) if lo <= t < hi]
+            for t in terms:
+                out |= BitMap(self._mem_postings(view, t))
+        if view.deleted:
+            out -= view.deleted
+        return out
+
+    def all_rows(self, view: View) -> BitMap:
+        bm = BitMap(view.seg.live) if isinstance(view.seg, Segment) else BitMap(range(view.limit))
+        if view.deleted:
+            bm -= view.deleted
+        return bm
+
+    def fetch(self, row_ids: list[int]) -> list[bytes | None]:
+        return self.store.multi_get("rows", [u64(r) for r in row_ids])
+
+    def column_keys(self, view: View) -> list[bytes]:
+        if isinstance(view.seg, Segment):
+            return list(view.seg.column_keys)
+        with self._mem_lock:
+            return sorted({t[: keys._path_end(t) + 1] for t in view.seg.builder.column_keys()})
+
+    def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
+        """(offsets, one array per column key) of the visible rows of ``view``."""
+        if isinstance(view.seg, Segment):
+            live = view.seg.live
+            present = set(view.seg.column_keys)
+            raws = self.store.multi_get("columns", [u64(view.seg.segid) + ck for ck in colkeys])
+            cols = []
+            for ck, raw in zip(colkeys, raws):
+                if ck in present and raw is None:
+                    raise CorruptionError(f"shard {self.index}: column chunk missing in segment {view.seg.segid}")
+                cols.append(columns.decode(raw) if raw is not None else columns.nulls(ck[-1], len(live)))
+            offsets = pa.array(live.to_array(), type=pa.uint32())
+            if view.deleted:
+                keep = keep_mask(live, view.deleted)
+                offsets = offsets.filter(keep)
+                cols = [c.filter(keep) for c in cols]
+            return offsets, cols
+        n = view.limit
+        by_key = {}
+        lock = self._mem_lock if view.seg is self._state.views[-1].seg else None
+        if lock:
+            lock.acquire()
+        try:
+            for ck, offs, vals in view.seg.builder.columns():
+                if ck in colkeys:
+                    cut = bisect.bisect_left(offs, n)
+                    by_key[ck] = (offs[:cut], vals[:cut])
+        finally:
+            if lock:
+                lock.release()
+        cols = [columns.dense(ck[-1], *by_key[ck], n) if ck in by_key else columns.nulls(ck[-1], n) for ck in colkeys]
+        offsets = pa.array(np.arange(n, dtype=np.uint32))
+        if view.deleted:
+            keep = keep_mask(FrozenBitMap(range(n)), view.deleted)
+            offsets = offsets.filter(keep)
+            cols = [c.filter(keep) for c in cols]
+        return offsets, cols
+
+    # ------------------------------------------------------------------ writes
+    def _check_writable(self) -> None:
+        if self._bg_error is not None:
+            raise StorageError(f"shard {self.index}: background work failed: {self._bg_error!r}; reopen the database") \
+                from self._bg_error
+
+    def put_many(self, items: list[tuple[int, bytes, dict, bytes]]) -> list[tuple[int, SchemaError]]:
+        """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
+
+        Returns the per-item indexing errors; every other item is durable when this returns.
+        """
+        errors: list[tuple[int, SchemaError]] = []
+        with self._write_lock:
+            self._check_writable()
+            state = self._state
+            mem_view = state.views[-1]
+            builder = mem_view.seg.builder
+            base = mem_view.seg.base
+            old = self.store.multi_get("ids", [it[1] for it in items])
+            wb = self.store.batch()
+            seen: dict[bytes, int] = {}
+            dels: list[int] = []
+            next_row = state.next_row_id
+            for (idx, id_key, doc, raw), prev_raw in zip(items, old):
+                with self._mem_lock:
+                    try:
+                        off = builder.add(doc)
+                    except SchemaError as e:
+                        errors.append((idx, e))
+                        continue
+                rid = base + off
+                if rid != next_row:
+                    raise CorruptionError(f"shard {self.index}: row id {rid} assigned, {next_row} expected")
+                next_row += 1
+                prev = seen.get(id_key)
+                if prev is None and prev_raw is not None:
+                    prev = from_u64(prev_raw)
+                if prev is not None:
+                    dels.append(prev)
+                    wb.put("meta", META_DELETED + u64(prev), b"")
+                seen[id_key] = rid
+                wb.put("rows", u64(rid), raw)
+                wb.put("ids", id_key, u64(rid))
+            if next_row == state.next_row_id:
+                return errors
+            wb.put("meta", META_NEXT_ROW, u64(next_row))
+            self.store.write(wb)
+            self._publish(state, next_row, dels)
+        return errors
+
+    def delete_many(self, id_keys: list[bytes]) -> list[bool]:
+        """Delete documents by id key; returns whether each existed."""
+        with self._write_lock:
+            self._check_writable()
+            state = self._state
+            old = self.store.multi_get("ids", id_keys)
+            wb = self.store.batch()
+            dels, found, gone = [], [], set()
+            for id_key, prev_raw in zip(id_keys, old):
+                if prev_raw is None or id_key in gone:
+                    found.append(False)
+                    continue
+                gone.add(id_key)
+                prev = from_u64(prev_raw)
+                dels.append(prev)
+                found.append(True)
+                wb.put("meta", META_DELETED + u64(prev), b"")
+                wb.delete("ids", id_key)
+            if dels:
+                self.store.write(wb)
+                self._publish(state, state.next_row_id, dels)
+            return found
+
+    def _publish(self, state: ShardState, next_row: int, dels: list[int]) -> None:
+        """Make a written batch visible (caller holds the write lock)."""
+        views = list(state.views)
+        if dels:
+            by_view: dict[int, list[int]] = {}
+            bases = [v.base for v in views]
+            for rid in dels:
+                i = bisect.bisect_right(bases, rid) - 1
+                by_view.setdefault(i, []).append(rid - bases[i])
+            for i, offs in by_view.items():
+                views[i] = replace(views[i], deleted=FrozenBitMap(BitMap(views[i].deleted) | BitMap(offs)))
+        mem = views[-1]
+        views[-1] = replace(mem, limit=next_row - mem.base)
+        new = ShardState(tuple(views), next_row)
+        b = mem.seg.builder
+        if b.n_rows >= self.config.seal_rows or b.nbytes >= self.config.seal_bytes:
+            new = self._rotate(new)
+        self._state = new
+
+    # ------------------------------------------------------------------ sealing
+    def _new_segid(self) -> int:
+        with self._write_lock:
+            segid = self._next_segid
+            self._next_segid += 1
+            return segid
+
+    def _rotate(self, state: ShardState) -> ShardState:
+        """Start a new mutable segment; hand the full one to the sealer (caller holds the lock)."""
+        pending = sum(1 for v in state.views if not v.sealed) - 1
+        if pending >= self.config.max_pending_seals:
+            # bounded memory: wait for the sealer rather than pile up segments
+            self._state = state
+            self._seal_done.wait_for(lambda: self._bg_error is not None or
+                                     sum(1 for v in self._state.views if not v.sealed) - 1 < self.config.max_pending_seals)
+            self._check_writable()
+            state = self._state
+        full = state.views[-1]
+        fresh = View(MemSegment(SegmentBuilder(self.config.max_depth), state.next_row_id), 0, EMPTY)
+        self._sealer.submit(lambda: self._seal(full.seg))
+        return ShardState(state.views + (fresh,), state.next_row_id)
+
+    def seal_now(self) -> None:
+        """Rotate the mutable segment out (if it has rows) so that it gets sealed."""
+        with self._write_lock:
+            self._check_writable()
+            if self._state.views[-1].limit:
+                self._state = self._rotate(self._state)
+
+    def _seal(self, mem: MemSegment) -> None:
+        try:
+            self._seal_inner(mem)
+        except BaseException as e:
+            with self._write_lock:
+                self._bg_error = e
+                self._seal_done.notify_all()
+            raise
+
+    def _seal_inner(self, mem: MemSegment) -> None:
+        if self._closed:
+            return
+        b = mem.builder
+        n = b.n_rows
+        segid = self._new_segid()
+        prefix = u64(segid)
+        wb = self.store.batch()
+        writer = BlockWriter(self.config.block_bytes)
+        for t, offs in b.sorted_postings():
+            done = writer.add(t, offs)
+            if done is not None:
+                wb.put("postings", prefix + done[0], done[1])
+        done = writer.finish()
+        if done is not None:
+            wb.put("postings", prefix + done[0], done[1])
+        colkeys = []
+        for ck, offs, vals in b.columns():
+            wb.put("columns", prefix + ck, columns.encode(columns.dense(ck[-1], offs, vals, n)))
+            colkeys.append(ck)
+        live = FrozenBitMap(range(n))
+        wb.put("meta", META_LIVE + prefix, live.serialize())
+        wb.put("meta", META_SEGMENT + prefix,
+               orjson.dumps({"base": mem.base, "n": n, "columns": [c.hex() for c in colkeys]}))
+        self.store.write(wb)
+        seg = Segment(segid, mem.base, n, live, tuple(colkeys))
+        mem.sealed_as = seg
+        with self._write_lock:
+            views = list(self._state.views)
+            i = next(i for i, v in enumerate(views) if v.seg is mem)
+            views[i] = View(seg, n, views[i].deleted)
+            self._state = ShardState(tuple(views), self._state.next_row_id)
+            self._seal_done.notify_all()
+        self._maybe_merge()
+
+    # ------------------------------------------------------------------ merging
+    def _maybe_merge(self) -> None:
+        with self._write_lock:
+            if self._merging or self._closed:
+                return
+            run = self._pick_merge(self._state)
+            if run is None:
+                return
+            self._merging = True
+        self._merger.submit(lambda: self._merge(run))
+
+    def _pick_merge(self, state: ShardState) -> list[View] | None:
+        """Log-structured policy: ``merge_factor`` adjacent sealed segments of one size tier,
+        or one segment that is mostly deleted rows."""
+        sealed = [v for v in state.views if v.sealed]
+        f = self.config.merge_factor
+
+        def tier(v: View) -> int:
+            n, t = max(v.n_live(), 1), 0
+            while n >= self.config.seal_rows * (f ** (t + 1)) // 2:
+                t += 1
+            return t
+
+        for i in range(len(sealed) - f + 1):
+            run = sealed[i : i + f]
+            if len({tier(v) for v in run}) == 1 and sum(v.seg.n for v in run) <= self.config.max_merge_rows:
+                return run
+        for v in sealed:
+            if len(v.deleted) > 0.3 * max(len(v.seg.live), 1):
+                return [v]
+        return None
+
+    def _merge(self, run: list[View]) -> None:
+        try:
+            self._merge_inner(run)
+        except BaseException as e:
+            with self._write_lock:
+                self._bg_error = e
+                self._merging = False
+                self._seal_done.notify_all()
+            raise
+        with self._write_lock:
+            self._merging = False
+        self._maybe_merge()
+
+    def _merge_inner(self, run: list[View]) -> None:
+        if self._closed:
+            return
+        base = run[0].base
+        last = run[-1]
+        n = last.base + last.seg.n - base
+        segid = self._new_segid()
+        prefix = u64(segid)
+        # postings: streamed, written in bounded batches (the segment exists only once its
+        # descriptor is written, so a crash in between leaves orphans that open() removes)
+        inputs = [(self._blocks(v.seg.segid), v.base - base, BitMap(v.deleted)) for v in run]
+        wb = self.store.batch()
+        for first, block in merge_blocks(inputs, self.config.block_bytes):
+            wb.put("postings", prefix + first, block)
+            if wb.n >= 256:
+                self.store.write(wb)
+                wb = self.store.batch()
+        live = BitMap()
+        keeps = []
+        for v in run:
+            kept = BitMap(v.seg.live) - BitMap(v.deleted)
+            live |= kept.shift(v.base - base) if v.base != base else kept
+            keeps.append(keep_mask(v.seg.live, v.deleted) if v.deleted else None)
+        colkeys = sorted(set().union(*(v.seg.column_keys for v in run)))
+        for ck in colkeys:
+            parts = []
+            for v, keep in zip(run, keeps):
+                raw = self.store.get("columns", u64(v.seg.segid) + ck) if ck in v.seg.column_keys else None
+                arr = columns.decode(raw) if raw is not None else columns.nulls(ck[-1], len(v.seg.live))
+                parts.append(arr.filter(keep) if keep is not None else arr)
+            wb.put("columns", prefix + ck, columns.encode(pa.concat_arrays(parts)))
+            if wb.n >= 16:
+                self.store.write(wb)
+                wb = self.store.batch()
+        live = FrozenBitMap(live)
+        wb.put("meta", META_LIVE + prefix, live.serialize())
+        wb.put("meta", META_SEGMENT + prefix, orjson.dumps({"base": base, "n": n, "columns": [c.hex() for c in colkeys]}))
+        for v in run:
+            wb.delete("meta", META_SEGMENT + u64(v.seg.segid))
+        self.store.write(wb)
+        seg = Segment(segid, base, n, live, tuple(colkeys))
+        with self._write_lock:
+            views = list(self._state.views)
+            i = next(i for i, v in enumerate(views) if v.seg is run[0].seg)
+            assert [v.seg for v in views[i : i + len(run)]] == [v.seg for v in run]
+            # deletes that arrived while merging carry over to the new segment
+            late = BitMap()
+            for cur, old in zip(views[i : i + len(run)], run):
+                extra = BitMap(cur.deleted) - BitMap(old.deleted)
+                if extra:
+                    late |= BitMap((o + cur.base - base) for o in extra)
+            views[i : i + len(run)] = [View(seg, n, FrozenBitMap(late))]
+            self._state = ShardState(tuple(views), self._state.next_row_id)
+        for v in run:  # drop the old segments' data once no reader state can reach them
+            dropped = [v.base + o for o in v.deleted]
+            weakref.finalize(v.seg, self._merger.submit, _Garbage(self, v.seg.segid, dropped))
+        del run
+
+    def _blocks(self, segid: int) -> Iterator[bytes]:
+        prefix = u64(segid)
+        for _, block in self.store.scan("postings", prefix, u64(segid + 1)):
+            yield block
+
+    # ------------------------------------------------------------------ lifecycle
+    def wait_for_background(self) -> None:
+        """Block until the sealer and merger have nothing queued for this database."""
+        while True:
+            self._sealer.wait_idle()
+            self._merger.wait_idle()
+            with self._write_lock:
+                busy = self._merging or any(not v.sealed for v in self._state.views[:-1])
+            if self._bg_error is not None:
+                self._check_writable()
+            if not busy:
+                return
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._closed = True
+        self.store.close()
+
+
+class _Garbage:
+    """Deletes a merged-away segment's postings, columns, live set, rows and delete records."""
+
+    def __init__(self, shard: Shard, segid: int, dropped_rows: list[int]):
+        self.shard = weakref.ref(shard)
+        self.segid = segid
+        self.dropped = dropped_rows
+
+    def __call__(self) -> None:
+        shard = self.shard()
+        if shard is None or shard._closed:
+            return  # open() finishes the clean-up
+        st = shard.store
+        wb = st.batch()
+        for cf in ("postings", "columns"):
+            wb.delete_range(cf, u64(self.segid), u64(self.segid + 1))
+        wb.delete("meta", META_LIVE + u64(self.segid))
+        for rid in self.dropped:
+            wb.delete("rows", u64(rid))
+            wb.delete("meta", META_DELETED + u64(rid))
+        try:
+            st.write(wb)
+        except Exception:
+            if not shard._closed:
+                raise
+
+
+def keep_mask(live: FrozenBitMap, deleted: FrozenBitMap) -> pa.Array:
+    """A boolean mask over ``live`` (in offset order): true for offsets not in ``deleted``."""
+    live_arr = np.frombuffer(live.to_array(), dtype=np.uint32)
+    del_arr = np.frombuffer(deleted.to_array(), dtype=np.uint32)
+    return pa.array(np.isin(live_arr, del_arr, invert=True, assume_unique=True))
+
+
+def iter_batches(it: Iterable, n: int) -> Iterator[list]:
+    batch = []
+    for x in it:
+        batch.append(x)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,314 @@
+"""The index-read interface: one consistent snapshot of every shard of a collection.
+
+The SQL layer is built on this: term and range lookups return :class:`Postings` (row sets)
+that combine with ``&``, ``|`` and ``-``; rows are fetched by row id; chosen columns of all
+(or of selected) rows come back as Arrow.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import orjson
+import pyarrow as pa
+from pyroaring import BitMap
+
+from rtindex import columns, keys
+from rtindex.documents import to_event_time
+from rtindex.errors import ClosedError
+
+if TYPE_CHECKING:
+    from rtindex.collection import Collection
+    from rtindex.shard import ShardState, View
+
+Path = str | Sequence[str]
+_NUMERIC_INT_TAGS = (keys.INT, keys.TIMESTAMP)
+
+
+class Postings:
+    """A set of rows of one snapshot: per (shard, segment base), a BitMap of offsets."""
+
+    __slots__ = ("_snap", "_parts")
+
+    def __init__(self, snap: "Snapshot", parts: dict[tuple[int, int], BitMap]):
+        self._snap = snap
+        self._parts = {k: v for k, v in parts.items() if v}
+
+    def _combine(self, other: "Postings", op) -> "Postings":
+        if other._snap is not self._snap:
+            raise ValueError("cannot combine postings of two different snapshots")
+        return Postings(self._snap, op(self._parts, other._parts))
+
+    def __and__(self, other: "Postings") -> "Postings":
+        return self._combine(other, lambda a, b: {k: a[k] & b[k] for k in a.keys() & b.keys()})
+
+    def __or__(self, other: "Postings") -> "Postings":
+        def union(a, b):
+            out = dict(a)
+            for k, v in b.items():
+                out[k] = out[k] | v if k in out else v
+            return out
+        return self._combine(other, union)
+
+    def __sub__(self, other: "Postings") -> "Postings":
+        return self._combine(other, lambda a, b: {k: (v - b[k] if k in b else v) for k, v in a.items()})
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._parts.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def row_ids(self) -> list[tuple[int, int]]:
+        """(shard, row id) of every row, ordered by shard then row id."""
+        out = []
+        for (shard, base) in sorted(self._parts):
+            out.extend((shard, base + o) for o in self._parts[(shard, base)])
+        return out
+
+    def by_shard(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for (shard, base) in sorted(self._parts):
+            out.setdefault(shard, []).extend(base + o for o in self._parts[(shard, base)])
+        return out
+
+
+class Snapshot:
+    """What one read sees: taken in O(shards), never blocks writers, never changes."""
+
+    def __init__(self, coll: "Collection"):
+        self._coll = coll
+        self._shards = coll._shards
+        self.states: list[ShardState] = [s.state for s in self._shards]
+
+    def _views(self) -> Iterator[tuple[int, "View"]]:
+        if self._coll.closed:
+            raise ClosedError(f"collection {self._coll.name!r} is closed")
+        for i, st in enumerate(self.states):
+            for v in st.views:
+                yield i, v
+
+    def count(self) -> int:
+        return sum(st.count() for st in self.states)
+
+    # -- lookups ------------------------------------------------------------
+    def all(self) -> Postings:
+        return Postings(self, {(i, v.base): self._shards[i].all_rows(v) for i, v in self._views()})
+
+    def term(self, path: Path, value: Any) -> Postings:
+        """Rows where ``path`` (an array's elements included) equals ``value``.
+
+        Numbers compare by value across int, float and timestamp; ``None`` finds JSON null.
+        """
+        p = keys.split_path(path)
+        terms = [keys.term(p, tag, v) for tag, v in _typed(value)]
+        parts: dict[tuple[int, int], BitMap] = {}
+        for i, v in self._views():
+            bm = BitMap()
+            for t in terms:
+                bm |= self._shards[i].term(v, t)
+            parts[(i, v.base)] = bm
+        return Postings(self, parts)
+
+    def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
+              hi_inclusive: bool = False) -> Postings:
+        """Rows where ``lo <(=) path <(=) hi``; numbers (and timestamps) or strings, not both."""
+        p = keys.split_path(path)
+        ranges = _key_ranges(p, lo, hi, lo_inclusive, hi_inclusive)
+        return self._ranges(ranges)
+
+    def prefix(self, path: Path, prefix: str) -> Postings:
+        """Rows where the string at ``path`` starts with ``prefix`` (LIKE 'prefix%')."""
+        lo = keys.column_key(keys.split_path(path), keys.STRING) + keys.escape(prefix.encode("utf-8"))
+        return self._ranges([(lo, keys.prefix_upper_bound(lo))])
+
+    def exists(self, path: Path, types: Iterable[str] | None = None) -> Postings:
+        """Rows that have ``path`` at all (any type, null included), or one of ``types``."""
+        p = keys.split_path(path)
+        tags = [keys.TAGS_BY_NAME[t] for t in types] if types is not None else list(keys.TAG_NAMES)
+        ranges = []
+        for tag in tags:
+            ck = keys.column_key(p, tag)
+            ranges.append((ck, keys.prefix_upper_bound(ck)))
+        return self._ranges(ranges)
+
+    def missing(self, path: Path) -> Postings:
+        return self.all() - self.exists(path)
+
+    def _ranges(self, ranges: list[tuple[bytes, bytes]]) -> Postings:
+        parts = {}
+        for i, v in self._views():
+            bm = BitMap()
+            for lo, hi in ranges:
+                if lo < hi:
+                    bm |= self._shards[i].term_range(v, lo, hi)
+            parts[(i, v.base)] = bm
+        return Postings(self, parts)
+
+    # -- rows and columns ---------------------------------------------------
+    def fetch(self, rows: Postings, limit: int | None = None) -> list[dict]:
+        """The documents of ``rows`` (in shard, row id order), at most ``limit``."""
+        out: list[dict] = []
+        for shard, rids in rows.by_shard().items():
+            if limit is not None:
+                rids = rids[: limit - len(out)]
+            for raw in self._shards[shard].fetch(rids):
+                out.append(orjson.loads(raw))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def column_types(self, path: Path) -> list[str]:
+        """Type names with a column for ``path`` in any segment (what scan() can return)."""
+        prefix = keys.encode_path(keys.split_path(path))
+        tags = set()
+        for i, v in self._views():
+            for ck in self._shards[i].column_keys(v):
+                if ck[:-1] == prefix:
+                    tags.add(ck[-1])
+        return [keys.TAG_NAMES[t] for t in sorted(tags)]
+
+    def scan(self, specs: Sequence[tuple[Path, str]]) -> pa.Table:
+        """Columns of every visible row: ``specs`` lists (path, type name) pairs.
+
+        The table has ``_shard`` and ``_row_id`` and one column per spec named
+        ``"<dotted path>:<type>"``; a row without a value of that path and type is null.
+        """
+        colkeys = [keys.column_key(keys.split_path(p), keys.TAGS_BY_NAME[t]) for p, t in specs]
+        names = [f"{'.'.join(keys.split_path(p))}:{t}" for p, t in specs]
+        batches = []
+        for i, v in self._views():
+            offsets, cols = self._shards[i].scan_view(v, colkeys)
+            rids = pa.array(np.frombuffer(offsets.buffers()[1], dtype=np.uint32, count=len(offsets),
+                                          offset=offsets.offset * 4).astype(np.uint64) + np.uint64(v.base))
+            shard = pa.array(np.full(len(offsets), i, dtype=np.uint16))
+            batches.append(pa.record_batch([shard, rids, *cols], names=["_shard", "_row_id", *names]))
+        schema = pa.schema([("_shard", pa.uint16()), ("_row_id", pa.uint64())]
+                           + [(n, columns.arrow_type(ck[-1])) for n, ck in zip(names, colkeys)])
+        return pa.Table.from_batches(batches, schema=schema)
+
+
+def _typed(value: Any) -> list[tuple[int, Any]]:
+    """The (tag, value) pairs equal to ``value`` under rtindex's comparison rules."""
+    if value is None:
+        return [(keys.NULL, None)]
+    if isinstance(value, bool):
+        return [(keys.BOOL, value)]
+    if isinstance(value, str):
+        return [(keys.STRING, value)]
+    if isinstance(value, datetime):
+        value = to_event_time(value)
+    if isinstance(value, int):
+        out = [(keys.INT, value), (keys.TIMESTAMP, value)] if keys.INT_MIN <= value <= keys.INT_MAX else []
+        f = float(value)
+        if math.isfinite(f) and int(f) == value:
+            out.append((keys.FLOAT, f))
+        return out
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return []
+        out = [(keys.FLOAT, value)]
+        if value.is_integer() and keys.INT_MIN <= value <= keys.INT_MAX:
+            out += [(keys.INT, int(value)), (keys.TIMESTAMP, int(value))]
+        return out
+    raise TypeError(f"cannot look up a value of type {type(value).__name__}")
+
+
+def _domain(b: Any) -> str | None:
+    if b is None:
+        return None
+    if isinstance(b, bool):
+        return "bool"
+    if isinstance(b, str):
+        return "string"
+    if isinstance(b, (int, float, datetime)):
+        return "number"
+    raise TypeError(f"cannot compare with a value of type {type(b).__name__}")
+
+
+def _key_ranges(p, lo, hi, lo_inc, hi_inc) -> list[tuple[bytes, bytes]]:
+    doms = {_domain(lo), _domain(hi)} - {None}
+    if len(doms) > 1:
+        raise TypeError(f"range bounds of different types: {lo!r} and {hi!r}")
+    if not doms:
+        raise ValueError("a range needs at least one bound")
+    dom = doms.pop()
+    if isinstance(lo, datetime):
+        lo = to_event_time(lo)
+    if isinstance(hi, datetime):
+        hi = to_event_time(hi)
+    if isinstance(lo, float) and (math.isnan(lo) or lo == math.inf):
+        return []
+    if isinstance(hi, float) and (math.isnan(hi) or hi == -math.inf):
+        return []
+    if dom == "string":
+        return [_one_range(p, keys.STRING, lo, hi, lo_inc, hi_inc)]
+    if dom == "bool":
+        return [_one_range(p, keys.BOOL, lo, hi, lo_inc, hi_inc)]
+    out = []
+    ilo, ihi = _int_bounds(lo, hi, lo_inc, hi_inc)
+    if ilo is None or ihi is None or ilo <= ihi:
+        for tag in _NUMERIC_INT_TAGS:
+            out.append(_one_range(p, tag, ilo, ihi, True, True))
+    flo, flo_inc = _float_bound(lo, lo_inc, up=False)
+    fhi, fhi_inc = _float_bound(hi, hi_inc, up=True)
+    out.append(_one_range(p, keys.FLOAT, flo, fhi, flo_inc, fhi_inc))
+    return out
+
+
+def _one_range(p, tag, lo, hi, lo_inc, hi_inc) -> tuple[bytes, bytes]:
+    ck = keys.column_key(p, tag)
+    if lo is None:
+        lo_key = ck
+    else:
+        lo_key = ck + keys.encode_value(tag, lo) + (b"" if lo_inc else b"\x00")
+    if hi is None:
+        hi_key = keys.prefix_upper_bound(ck)
+    else:
+        hi_key = ck + keys.encode_value(tag, hi) + (b"\x00" if hi_inc else b"")
+    return lo_key, hi_key
+
+
+def _int_bounds(lo, hi, lo_inc, hi_inc):
+    """Inclusive integer bounds equivalent to the given numeric bounds (None: unbounded)."""
+    ilo = ihi = None
+    if lo is not None:
+        if isinstance(lo, float):
+            if lo == math.inf:
+                return 1, 0
+            ilo = None if lo == -math.inf else (math.ceil(lo) if lo_inc else math.floor(lo) + 1)
+        else:
+            ilo = lo if lo_inc else lo + 1
+        if ilo is not None:
+            if ilo > keys.INT_MAX:
+                return 1, 0
+            ilo = max(ilo, keys.INT_MIN)
+    if hi is not None:
+        if isinstance(hi, float):
+            if hi == -math.inf:
+                return 1, 0
+            ihi = None if hi == math.inf else (math.floor(hi) if hi_inc else math.ceil(hi) - 1)
+        else:
+            ihi = hi if hi_inc else hi - 1
+        if ihi is not None:
+            if ihi < keys.INT_MIN:
+                return 1, 0
+            ihi = min(ihi, keys.INT_MAX)
+    return ilo, ihi
+
+
+def _float_bound(b, inc: bool, up: bool) -> tuple[float | None, bool]:
+    """A float bound selecting the same floats as the (possibly int) bound ``b``."""
+    if b is None or isinstance(b, float):
+        if b is not None and math.isinf(b):
+            return None, True
+        return b, inc
+    f = float(b)
+    if f == b:
+        return f, inc
+    if up:  # floats x with x <(=) b: f rounds b; the nearest float on the right side of b
+        return (f if f < b else math.nextafter(f, -math.inf)), True
+    return (f if f > b else math.nextafter(f, math.inf)), True

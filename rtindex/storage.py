@@ -1,0 +1,179 @@
+"""The only importer of rocksdict: one RocksDB instance per shard, with column families.
+
+Column families (the key layout is in docs/architecture.md):
+  rows      row id (u64 BE)            -> document (orjson bytes)
+  ids       encoded _id                -> current row id (u64 BE)
+  postings  segment id + first term    -> a block of (term, posting list) entries
+  columns   segment id + column key    -> Arrow IPC stream of one column
+  meta      small records: next row id, segment descriptors, delete records
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+from rocksdict import (
+    BlockBasedOptions,
+    Cache,
+    DBCompressionType,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
+
+from rtindex.errors import ClosedError, StorageError
+
+CFS = ("rows", "ids", "postings", "columns", "meta")
+
+
+def _options(block_cache: Cache | None) -> Options:
+    o = Options(raw_mode=True)
+    o.create_if_missing(True)
+    o.create_missing_column_families(True)
+    o.set_compression_type(DBCompressionType.lz4())
+    o.set_max_background_jobs(2)
+    o.set_write_buffer_size(32 << 20)
+    o.set_keep_log_file_num(2)
+    t = BlockBasedOptions()
+    if block_cache is not None:
+        t.set_block_cache(block_cache)
+    t.set_bloom_filter(10, False)
+    t.set_cache_index_and_filter_blocks(True)
+    o.set_block_based_table_factory(t)
+    return o
+
+
+def new_block_cache(nbytes: int) -> Cache:
+    """One LRU block cache shared by every shard of a database."""
+    return Cache(nbytes)
+
+
+class Store:
+    """A RocksDB instance with rtindex's column families; thin, thread-safe, typed errors."""
+
+    def __init__(self, path: str, *, sync: bool = False, block_cache: Cache | None = None):
+        self.path = path
+        opts = _options(block_cache)
+        try:
+            self._db = Rdict(path, options=opts, column_families={cf: _options(block_cache) for cf in CFS})
+            self._cf = {cf: self._db.get_column_family(cf) for cf in CFS}
+            self._h = {cf: self._db.get_column_family_handle(cf) for cf in CFS}
+        except Exception as e:
+            raise StorageError(f"cannot open RocksDB at {path}: {e} (is another process using it?)") from e
+        self._wo = WriteOptions()
+        self._wo.sync = sync
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError(f"storage at {self.path} is closed")
+
+    def batch(self) -> "Batch":
+        return Batch(self._h)
+
+    def write(self, batch: "Batch") -> None:
+        """Apply ``batch`` atomically through the WAL (all column families at once)."""
+        self._check()
+        try:
+            self._db.write(batch.wb, self._wo)
+        except Exception as e:
+            raise StorageError(f"write failed at {self.path}: {e}") from e
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        self._check()
+        try:
+            return self._cf[cf].get(key)
+        except Exception as e:
+            raise StorageError(f"read failed at {self.path}: {e}") from e
+
+    def multi_get(self, cf: str, keys: list[bytes]) -> list[bytes | None]:
+        self._check()
+        if not keys:
+            return []
+        try:
+            return self._cf[cf].get(keys)
+        except Exception as e:
+            raise StorageError(f"read failed at {self.path}: {e}") from e
+
+    def scan(self, cf: str, lo: bytes, hi: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Yield (key, value) for lo <= key < hi, in key order (a consistent iterator view)."""
+        self._check()
+        ro = ReadOptions()
+        if hi is not None:
+            ro.set_iterate_upper_bound(hi)
+        it = self._cf[cf].iter(ro)
+        it.seek(lo)
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+
+    def seek_prev(self, cf: str, key: bytes, lo: bytes) -> tuple[bytes, bytes] | None:
+        """The last (key, value) with lo <= k <= key, or None."""
+        self._check()
+        # (rocksdict 0.3.29: an iterate_lower_bound makes seek_for_prev find nothing)
+        it = self._cf[cf].iter(ReadOptions())
+        it.seek_for_prev(key)
+        if it.valid() and it.key() >= lo:
+            return it.key(), it.value()
+        return None
+
+    def last_key(self, cf: str) -> bytes | None:
+        self._check()
+        it = self._cf[cf].iter(ReadOptions())
+        it.seek_to_last()
+        return it.key() if it.valid() else None
+
+    def approximate_size(self) -> int:
+        total = 0
+        for cf in CFS:
+            try:
+                for prop in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
+                    total += self._cf[cf].property_int_value(prop) or 0
+            except Exception:
+                pass
+        return total
+
+    def flush(self) -> None:
+        self._check()
+        self._db.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            # RocksDB releases its lock only when no column family object refers to it
+            self._cf.clear()
+            self._h.clear()
+            try:
+                self._db.close()
+            except Exception as e:
+                raise StorageError(f"close failed at {self.path}: {e}") from e
+
+
+class Batch:
+    """A WriteBatch that knows the column family handles."""
+
+    __slots__ = ("wb", "_h", "n")
+
+    def __init__(self, handles):
+        self.wb = WriteBatch(raw_mode=True)
+        self._h = handles
+        self.n = 0
+
+    def put(self, cf: str, key: bytes, value: bytes) -> None:
+        self.wb.put(key, value, self._h[cf])
+        self.n += 1
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self.wb.delete(key, self._h[cf])
+        self.n += 1
+
+    def delete_range(self, cf: str, lo: bytes, hi: bytes) -> None:
+        """Delete every key k with lo <= k < hi."""
+        self.wb.delete_range(lo, hi, self._h[cf])
+        self.n += 1
