@@ -1,0 +1,5 @@
+import sys
+
+from rtindex.cli import main
+
+sys.exit(main())
