@@ -186,6 +186,7 @@ class Collection:
         return sum(s.state.count() for s in self._shards)
 
     def count(self) -> int:
+        """Number of documents (same as ``len(collection)``)."""
         return len(self)
 
     def snapshot(self) -> Snapshot:

@@ -117,6 +117,7 @@ class Database:
         return name in self._collections
 
     def collection_names(self) -> list[str]:
+        """Names of the collections, sorted."""
         self._check()
         return sorted(self._collections)
 
@@ -134,6 +135,7 @@ class Database:
                 raise StorageError(f"cannot remove {coll.path}: {e}") from e
 
     def stats(self) -> dict:
+        """Per collection and shard: documents, segments, approximate disk bytes."""
         self._check()
         return {"path": self.path, "collections": {n: c.stats() for n, c in self._collections.items()}}
 

@@ -92,10 +92,12 @@ class Snapshot:
                 yield i, v
 
     def count(self) -> int:
+        """Number of visible documents, without reading them."""
         return sum(st.count() for st in self.states)
 
     # -- lookups ------------------------------------------------------------
     def all(self) -> Postings:
+        """Every visible row."""
         return Postings(self, {(i, v.base): self._shards[i].all_rows(v) for i, v in self._views()})
 
     def term(self, path: Path, value: Any) -> Postings:
@@ -136,6 +138,7 @@ class Snapshot:
         return self._ranges(ranges)
 
     def missing(self, path: Path) -> Postings:
+        """Rows that do not have ``path`` at all (JSON null counts as present)."""
         return self.all() - self.exists(path)
 
     def _ranges(self, ranges: list[tuple[bytes, bytes]]) -> Postings:
