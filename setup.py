@@ -27,7 +27,7 @@ directives = {
     "embedsignature": True,
 }
 
-MODULES = ["_segment"]
+MODULES = ["_segment", "_blocks"]
 
 extensions = [
     Extension(

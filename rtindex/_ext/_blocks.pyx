@@ -1,0 +1,1000 @@
+"""Term-dictionary blocks of sealed segments (compiled); ``rtindex/_py/blocks.py`` is the oracle.
+
+A sealed segment stores its sorted (term -> posting list) pairs Lucene-style: one RocksDB
+value per run of consecutive terms (about ``target_bytes`` each), keyed by the run's first
+term. This module and the reference produce the same bytes and raise the same errors.
+
+Block format (every integer is a little-endian uint32)::
+
+    offset 0    magic      b"RTB\\x01" (format version 1)
+    offset 4    n          entry count, >= 1
+    offset 8    off[n+1]   entry i is block[off[i]:off[i+1]]; off[0] = 12 + 4n, off[n] = len(block)
+    off[0]...   entries, terms strictly increasing (bytewise)
+
+    entry:  head       term_len | kind << 30   (term_len < 2**30; kind 0 = raw, 1 = roaring)
+            term       term_len bytes
+            posting    up to the entry's end:
+                raw:     k >= 1 strictly increasing uint32 offsets (k = posting bytes / 4)
+                roaring: uint32 cardinality (>= 1), then ``BitMap.serialize()`` (portable format)
+
+Encoding is a function of the set alone: a set of k < 64 offsets is raw; otherwise ``s =
+BitMap(offsets).serialize()`` (run-optimized by pyroaring's constructor) is stored as roaring
+when ``4 + len(s) < 4 * k``, else raw. A block is emitted as soon as its size (header + table
++ entries) reaches ``target_bytes``.
+
+Lookups binary-search the offsets table and read only the probed entries (O(log n)). Every
+read is checked against the block's bounds; a truncated or garbage block raises
+:class:`~rtindex.errors.CorruptionError` (lazily: an entry never probed is never checked).
+
+The merge runs its common case (terms whose postings are all raw and small) in a C loop
+without the GIL; it falls back to one Python-level step per term for roaring postings, at
+block boundaries, and to report errors, so both paths produce the reference's bytes.
+"""
+
+from cpython cimport array
+from cpython.object cimport Py_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, qsort, realloc
+from libc.string cimport memcmp, memcpy, memset
+
+import array as _pyarray
+
+from pyroaring import AbstractBitMap, BitMap
+
+from rtindex.errors import CorruptionError
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    #define RTB_BIG_ENDIAN 1
+    #else
+    #define RTB_BIG_ENDIAN 0
+    #endif
+    static inline uint32_t rtb_ld32(const unsigned char *p) {
+        uint32_t v;
+        memcpy(&v, p, 4);
+    #if RTB_BIG_ENDIAN
+        v = __builtin_bswap32(v);
+    #endif
+        return v;
+    }
+    static inline void rtb_st32(unsigned char *p, uint32_t v) {
+    #if RTB_BIG_ENDIAN
+        v = __builtin_bswap32(v);
+    #endif
+        memcpy(p, &v, 4);
+    }
+    static inline void rtb_st32s(unsigned char *p, const uint32_t *v, Py_ssize_t k) {
+    #if RTB_BIG_ENDIAN
+        Py_ssize_t i;
+        for (i = 0; i < k; i++) rtb_st32(p + 4 * i, v[i]);
+    #else
+        memcpy(p, v, (size_t)k * 4);
+    #endif
+    }
+    """
+    uint32_t rtb_ld32(const unsigned char* p) noexcept nogil
+    void rtb_st32(unsigned char* p, uint32_t v) noexcept nogil
+    void rtb_st32s(unsigned char* p, const uint32_t* v, Py_ssize_t k) noexcept nogil
+
+__all__ = [
+    "BlockWriter",
+    "block_cardinality",
+    "block_first_last",
+    "block_get",
+    "block_items",
+    "block_range",
+    "merge_blocks",
+]
+
+cdef enum:
+    RAW = 0
+    ROARING = 1
+    RAW_MAX = 64                # a set of fewer offsets is always stored raw
+    MAX_TERM = 0x3FFFFFFF       # longest term (30 bits of the entry head)
+
+cdef uint32_t MAGIC = 0x01425452    # b"RTB\x01" read as a little-endian uint32
+cdef uint64_t MAXU32 = 0xFFFFFFFF
+cdef Py_ssize_t NOGIL_MIN = 4096    # release the GIL for runs of at least this many offsets
+cdef uint64_t _bitset_limit = 1 << 27   # deleted sets with max below this become a bitset
+
+cdef array.array _U32 = _pyarray.array("I")
+if _U32.itemsize != 4:  # pragma: no cover - no supported platform
+    raise ImportError("rtindex._ext._blocks needs a 4-byte array('I')")
+
+
+def _test_set_bitset_limit(limit):
+    """Test hook: set the largest deleted offset that uses a bitset; returns the old limit."""
+    global _bitset_limit
+    old = _bitset_limit
+    _bitset_limit = limit
+    return old
+
+
+def _test_surely_raw(values):
+    """Test hook: the encoder's shortcut on an ``array('I')`` of increasing offsets."""
+    cdef array.array a = values
+    return _surely_raw(a.data.as_uints, Py_SIZE(a))
+
+
+# ---- small C helpers --------------------------------------------------------------------
+
+
+cdef void* _safe_realloc(void* p, size_t n) except NULL:
+    """The only allocator of this module: realloc or MemoryError."""
+    cdef void* q = realloc(p, n if n > 0 else 1)
+    if q == NULL:
+        raise MemoryError(f"cannot allocate {n} bytes")
+    return q
+
+
+cdef inline int _cmp(const unsigned char* a, Py_ssize_t al,
+                     const unsigned char* b, Py_ssize_t bl) noexcept nogil:
+    """Bytewise three-way comparison, like ``bytes`` ordering."""
+    cdef Py_ssize_t m = al if al < bl else bl
+    cdef int r = 0
+    if m > 0:
+        r = memcmp(a, b, <size_t>m)
+    if r != 0:
+        return r
+    return (al > bl) - (al < bl)
+
+
+cdef inline bint _increasing(const uint32_t* v, Py_ssize_t k) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(1, k):
+        if v[i - 1] >= v[i]:
+            return False
+    return True
+
+
+cdef int _cmp_u32(const void* a, const void* b) noexcept nogil:
+    cdef uint32_t x = (<const uint32_t*>a)[0]
+    cdef uint32_t y = (<const uint32_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef Py_ssize_t _sort_unique(uint32_t* v, Py_ssize_t k) noexcept nogil:
+    """Sort ``v[:k]`` and drop duplicates in place; returns the new length."""
+    cdef Py_ssize_t i, j = 0
+    if k == 0:
+        return 0
+    qsort(v, <size_t>k, 4, _cmp_u32)
+    for i in range(1, k):
+        if v[i] != v[j]:
+            j += 1
+            v[j] = v[i]
+    return j + 1
+
+
+cdef bint _surely_raw(const uint32_t* v, Py_ssize_t k) noexcept nogil:
+    """True when the raw encoding is known to win without serializing a BitMap.
+
+    A lower bound of the portable roaring size: 4 bytes + 8 per 64K chunk (4 with fewer than
+    4 chunks) + per chunk the smallest container payload (array 2/value, run 2 + 4/run,
+    bitset 8192). Raw wins when ``4 + bound >= 4k``. A shortcut only: it never changes which
+    encoding is chosen (``_py/blocks.py`` has the same function).
+    """
+    cdef Py_ssize_t i = 0, chunks = 0, card, runs, payload = 0, pmin
+    cdef uint32_t hi
+    cdef int64_t prev
+    if k < RAW_MAX:
+        return True
+    while i < k:
+        hi = v[i] >> 16
+        card = 0
+        runs = 0
+        prev = -2
+        while i < k and (v[i] >> 16) == hi:
+            if v[i] != prev + 1:
+                runs += 1
+            prev = v[i]
+            card += 1
+            i += 1
+        pmin = 2 * card
+        if 2 + 4 * runs < pmin:
+            pmin = 2 + 4 * runs
+        if 8192 < pmin:
+            pmin = 8192
+        payload += pmin
+        chunks += 1
+    return 4 + 4 + (8 if chunks >= 4 else 4) * chunks + payload >= 4 * k
+
+
+cdef int _load_raw(const unsigned char* p, uint32_t* out, Py_ssize_t k) noexcept nogil:
+    """Decode ``k`` little-endian offsets; -1 unless strictly increasing."""
+    cdef Py_ssize_t i
+    cdef int64_t prev = -1
+    cdef uint32_t v
+    for i in range(k):
+        v = rtb_ld32(p + 4 * i)
+        if v <= prev:
+            return -1
+        prev = v
+        out[i] = v
+    return 0
+
+
+cdef inline bytes _as_bytes(object block):
+    if PyBytes_Check(block):
+        return <bytes>block
+    return bytes(memoryview(block))
+
+
+cdef inline int _check_term(object term) except -1:
+    if not PyBytes_Check(term):
+        raise TypeError(f"term must be bytes, not {type(term).__name__}")
+    return 0
+
+
+# ---- reading ---------------------------------------------------------------------------
+
+
+cdef int _open(bytes b, BlockView* v) except -1:
+    """Validate the header of ``b`` and point ``v`` at it."""
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(b)
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(b)
+    cdef uint32_t n
+    cdef int64_t table_end
+    if size < 12:
+        raise CorruptionError(f"term block of {size} bytes is too short")
+    if rtb_ld32(p) != MAGIC:
+        raise CorruptionError(f"term block has a bad magic number {b[:4]!r}")
+    n = rtb_ld32(p + 4)
+    if n == 0:
+        raise CorruptionError("term block has no entries")
+    table_end = 12 + 4 * <int64_t>n
+    if table_end > size:
+        raise CorruptionError(f"term block of {size} bytes cannot hold {n} entries")
+    if rtb_ld32(p + 8) != table_end or rtb_ld32(p + 8 + 4 * <Py_ssize_t>n) != size:
+        raise CorruptionError("term block offsets table does not match its size")
+    v.p = p
+    v.size = size
+    v.n = n
+    v.table_end = <Py_ssize_t>table_end
+    return 0
+
+
+cdef int _entry(const BlockView* v, uint32_t i, Entry* e) noexcept nogil:
+    """Decode and check entry ``i < v.n``: 0, or -1 out of bounds, -2 malformed."""
+    cdef const unsigned char* p = v.p
+    cdef int64_t s = rtb_ld32(p + 8 + 4 * <Py_ssize_t>i)
+    cdef int64_t end = rtb_ld32(p + 12 + 4 * <Py_ssize_t>i)
+    cdef uint32_t head
+    cdef int64_t tlen, plen
+    cdef int kind
+    if s < v.table_end or end > v.size or end - s < 4:
+        return -1
+    head = rtb_ld32(p + s)
+    tlen = head & MAX_TERM
+    kind = <int>(head >> 30)
+    plen = end - s - 4 - tlen
+    if kind > ROARING or plen < 4 or (kind == RAW and (plen & 3)) or (kind == ROARING and plen == 4):
+        return -2
+    e.ts = <Py_ssize_t>(s + 4)
+    e.tlen = <Py_ssize_t>tlen
+    e.kind = kind
+    e.ps = <Py_ssize_t>(s + 4 + tlen)
+    e.plen = <Py_ssize_t>plen
+    return 0
+
+
+cdef int _entry_or_raise(const BlockView* v, uint32_t i, Entry* e) except -1:
+    cdef int rc = _entry(v, i, e)
+    if rc == -1:
+        raise CorruptionError(f"term block entry {i} is out of bounds")
+    if rc == -2:
+        raise CorruptionError(f"term block entry {i} is malformed")
+    return 0
+
+
+cdef int64_t _lower_bound(const BlockView* v, const unsigned char* key, Py_ssize_t klen) except -1:
+    """Index of the first entry whose term is >= key (``n`` when none)."""
+    cdef uint32_t lo = 0, hi = v.n, mid
+    cdef Entry e
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _entry(v, mid, &e) < 0:
+            _entry_or_raise(v, mid, &e)
+        if _cmp(v.p + e.ts, e.tlen, key, klen) < 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef bint _find(const BlockView* v, bytes key, Entry* e) except -1:
+    """Binary search for ``key``: True with ``e`` filled, or False."""
+    cdef const unsigned char* kp = <const unsigned char*>PyBytes_AS_STRING(key)
+    cdef Py_ssize_t klen = PyBytes_GET_SIZE(key)
+    cdef int64_t i = _lower_bound(v, kp, klen)
+    if i < v.n:
+        _entry_or_raise(v, <uint32_t>i, e)
+        if _cmp(v.p + e.ts, e.tlen, kp, klen) == 0:
+            return True
+    return False
+
+
+cdef object _bitmap(const BlockView* v, const Entry* e):
+    """The posting of entry ``e`` as a BitMap (validated)."""
+    cdef Py_ssize_t k
+    cdef array.array arr
+    cdef uint32_t card
+    cdef int rc
+    cdef bytes ser
+    if e.kind == RAW:
+        k = e.plen >> 2
+        if k == 1:  # most terms: BitMap() + add is twice as fast as BitMap(array)
+            bm = BitMap()
+            bm.add(rtb_ld32(v.p + e.ps))
+            return bm
+        arr = array.clone(_U32, k, False)
+        if k >= NOGIL_MIN:
+            with nogil:
+                rc = _load_raw(v.p + e.ps, arr.data.as_uints, k)
+        else:
+            rc = _load_raw(v.p + e.ps, arr.data.as_uints, k)
+        if rc < 0:
+            raise CorruptionError("term block posting is not strictly increasing")
+        return BitMap(arr, optimize=False)
+    card = rtb_ld32(v.p + e.ps)
+    ser = PyBytes_FromStringAndSize(<const char*>(v.p + e.ps + 4), e.plen - 4)
+    try:
+        bm = BitMap.deserialize(ser)
+    except ValueError as exc:
+        raise CorruptionError(f"term block posting does not decode: {exc}") from None
+    if len(bm) != card or card == 0:
+        raise CorruptionError("term block posting has the wrong cardinality")
+    return bm
+
+
+def block_get(block, term):
+    """The posting list of ``term`` in ``block``, or None when the block does not hold it."""
+    cdef BlockView v
+    cdef Entry e
+    _check_term(term)
+    cdef bytes b = _as_bytes(block)
+    _open(b, &v)
+    if not _find(&v, <bytes>term, &e):
+        return None
+    return _bitmap(&v, &e)
+
+
+def block_cardinality(block, term):
+    """Length of ``term``'s posting list in ``block`` (0 when absent); builds no BitMap."""
+    cdef BlockView v
+    cdef Entry e
+    cdef uint32_t card
+    _check_term(term)
+    cdef bytes b = _as_bytes(block)
+    _open(b, &v)
+    if not _find(&v, <bytes>term, &e):
+        return 0
+    if e.kind == RAW:
+        return e.plen >> 2
+    card = rtb_ld32(v.p + e.ps)
+    if card == 0:
+        raise CorruptionError("term block posting has the wrong cardinality")
+    return card
+
+
+cdef list _scan(const BlockView* v, uint32_t start, object hi):
+    cdef list out = []
+    cdef Entry e
+    cdef uint32_t i
+    cdef const unsigned char* hp = NULL
+    cdef Py_ssize_t hlen = 0
+    cdef const unsigned char* prev = NULL
+    cdef Py_ssize_t prev_len = -1
+    if hi is not None:
+        hp = <const unsigned char*>PyBytes_AS_STRING(hi)
+        hlen = PyBytes_GET_SIZE(hi)
+    for i in range(start, v.n):
+        _entry_or_raise(v, i, &e)
+        if hp != NULL and _cmp(v.p + e.ts, e.tlen, hp, hlen) >= 0:
+            break
+        if prev_len >= 0 and _cmp(v.p + e.ts, e.tlen, prev, prev_len) <= 0:
+            raise CorruptionError("term block terms are not strictly increasing")
+        prev = v.p + e.ts
+        prev_len = e.tlen
+        t = PyBytes_FromStringAndSize(<const char*>(v.p + e.ts), e.tlen)
+        out.append((t, _bitmap(v, &e)))
+    return out
+
+
+def block_range(block, lo, hi):
+    """Entries with ``lo <= term < hi`` (None: unbounded), in term order."""
+    cdef BlockView v
+    cdef int64_t start = 0
+    if lo is not None:
+        _check_term(lo)
+    if hi is not None:
+        _check_term(hi)
+    cdef bytes b = _as_bytes(block)
+    _open(b, &v)
+    if lo is not None:
+        start = _lower_bound(&v, <const unsigned char*>PyBytes_AS_STRING(lo), PyBytes_GET_SIZE(lo))
+    return _scan(&v, <uint32_t>start, hi)
+
+
+def block_items(block):
+    """Every (term, posting list) of ``block``, in term order."""
+    cdef BlockView v
+    cdef bytes b = _as_bytes(block)
+    _open(b, &v)
+    return _scan(&v, 0, None)
+
+
+def block_first_last(block):
+    """(first term, last term) of ``block``."""
+    cdef BlockView v
+    cdef Entry e
+    cdef bytes b = _as_bytes(block)
+    _open(b, &v)
+    _entry_or_raise(&v, 0, &e)
+    first = PyBytes_FromStringAndSize(<const char*>(v.p + e.ts), e.tlen)
+    _entry_or_raise(&v, v.n - 1, &e)
+    last = PyBytes_FromStringAndSize(<const char*>(v.p + e.ts), e.tlen)
+    return first, last
+
+
+# ---- writing ---------------------------------------------------------------------------
+
+
+cdef int _w_reserve(WState* w, Py_ssize_t need) except -1:
+    """Room for one more entry of ``need`` bytes."""
+    cdef Py_ssize_t cap
+    if w.data_len + need > w.data_cap:
+        cap = max(2 * w.data_cap, w.data_len + need, 4096)
+        w.data = <unsigned char*>_safe_realloc(w.data, <size_t>cap)
+        w.data_cap = cap
+    if w.n >= w.starts_cap:
+        cap = max(2 * w.starts_cap, 256)
+        w.starts = <uint32_t*>_safe_realloc(w.starts, <size_t>cap * sizeof(uint32_t))
+        w.starts_cap = cap
+    return 0
+
+
+cdef inline void _w_put_raw(WState* w, const unsigned char* term, Py_ssize_t tlen,
+                            const uint32_t* vals, Py_ssize_t k) noexcept nogil:
+    """Append a raw entry; the caller reserved ``4 + tlen + 4k`` bytes and a start slot."""
+    cdef unsigned char* q = w.data + w.data_len
+    w.starts[w.n] = <uint32_t>w.data_len
+    w.n += 1
+    rtb_st32(q, <uint32_t>tlen)
+    if tlen > 0:
+        memcpy(q + 4, term, <size_t>tlen)
+    rtb_st32s(q + 4 + tlen, vals, k)
+    w.data_len += 4 + tlen + 4 * k
+    w.n_terms += 1
+
+
+cdef inline Py_ssize_t _w_size(const WState* w) noexcept nogil:
+    return 12 + 4 * w.n + w.data_len
+
+
+cdef class BlockWriter:
+    """Packs (term, postings) pairs, added in increasing term order, into blocks."""
+
+    def __cinit__(self):
+        memset(&self.w, 0, sizeof(WState))
+        self.w.last_len = -1
+
+    def __init__(self, target_bytes=16384):
+        if not isinstance(target_bytes, int) or isinstance(target_bytes, bool):
+            raise TypeError("target_bytes must be an int")
+        if target_bytes < 1:
+            raise ValueError("target_bytes must be >= 1")
+        self.w.target = target_bytes if target_bytes < (1 << 62) else (1 << 62)
+
+    def __dealloc__(self):
+        if self.w.data != NULL:
+            free(self.w.data)
+        if self.w.starts != NULL:
+            free(self.w.starts)
+        if self.w.last != NULL:
+            free(self.w.last)
+
+    @property
+    def n_terms(self):
+        """Number of terms written so far (empty postings are not counted)."""
+        return self.w.n_terms
+
+    def add(self, term, postings):
+        """Add ``term`` (greater than every term added before) with its row offsets.
+
+        ``postings`` is an ``array('I')`` of strictly increasing offsets or a pyroaring
+        ``BitMap``; an empty one is skipped (not checked against the order). Returns a
+        finished ``(first_term, block)`` once the current block reaches ``target_bytes``.
+        """
+        cdef array.array arr = None
+        cdef Py_ssize_t k, tlen, llen = -1, s
+        cdef const unsigned char* t
+        cdef const unsigned char* lt = NULL
+        if not PyBytes_Check(term):
+            raise TypeError(f"term must be bytes, not {type(term).__name__}")
+        if isinstance(postings, array.array):
+            arr = <array.array>postings
+            if arr.ob_descr.typecode != c"I" or arr.ob_descr.itemsize != 4:
+                raise TypeError(f"postings must be array('I'), not array({postings.typecode!r})")
+            k = Py_SIZE(arr)
+        elif isinstance(postings, AbstractBitMap):
+            k = len(postings)
+        else:
+            raise TypeError(
+                f"postings must be array('I') or a pyroaring BitMap, not {type(postings).__name__}")
+        if k == 0:
+            return None
+        tlen = PyBytes_GET_SIZE(term)
+        if tlen > MAX_TERM:
+            raise ValueError(f"term of {tlen} bytes is too long (at most {MAX_TERM})")
+        if arr is None:
+            arr = postings.to_array()
+        elif not _increasing(arr.data.as_uints, k):
+            raise ValueError("postings must be strictly increasing")
+        t = <const unsigned char*>PyBytes_AS_STRING(term)
+        if self.w.n > 0:
+            s = self.w.starts[self.w.n - 1]
+            lt = self.w.data + s + 4
+            llen = rtb_ld32(self.w.data + s) & MAX_TERM
+        elif self.w.last_len >= 0:
+            lt = self.w.last
+            llen = self.w.last_len
+        if llen >= 0 and _cmp(t, tlen, lt, llen) <= 0:
+            last = PyBytes_FromStringAndSize(<const char*>lt, llen)
+            raise ValueError(f"terms must be added in strictly increasing order: {term!r} after {last!r}")
+        return self._put(t, tlen, arr.data.as_uints, k, arr)
+
+    cdef object _put(self, const unsigned char* term, Py_ssize_t tlen, const offset_t* vals,
+                     Py_ssize_t k, object arr):
+        """Encode one non-empty increasing posting; returns a finished block or None."""
+        cdef WState* w = &self.w
+        cdef bytes ser = None
+        cdef int kind = RAW
+        cdef Py_ssize_t plen = 4 * k, need
+        cdef array.array a
+        cdef unsigned char* q
+        if not _surely_raw(vals, k):
+            if arr is None:
+                a = array.clone(_U32, k, False)
+                memcpy(a.data.as_uints, vals, <size_t>k * 4)
+                arr = a
+            ser = BitMap(arr).serialize()
+            if 4 + PyBytes_GET_SIZE(ser) < 4 * k:
+                kind = ROARING
+                plen = 4 + PyBytes_GET_SIZE(ser)
+        need = 4 + tlen + plen
+        _w_reserve(w, need)
+        if kind == RAW:
+            _w_put_raw(w, term, tlen, vals, k)
+        else:
+            q = w.data + w.data_len
+            w.starts[w.n] = <uint32_t>w.data_len
+            w.n += 1
+            rtb_st32(q, <uint32_t>(tlen | (ROARING << 30)))
+            if tlen > 0:
+                memcpy(q + 4, term, <size_t>tlen)
+            rtb_st32(q + 4 + tlen, <uint32_t>k)
+            memcpy(q + 8 + tlen, PyBytes_AS_STRING(ser), <size_t>(plen - 4))
+            w.data_len += need
+            w.n_terms += 1
+        if _w_size(w) >= w.target:
+            return self._flush()
+        return None
+
+    def finish(self):
+        """The last, partly filled block, or None when nothing is pending."""
+        if self.w.n == 0:
+            return None
+        return self._flush()
+
+    cdef object _flush(self):
+        cdef WState* w = &self.w
+        cdef Py_ssize_t n = w.n, i, table_end = 12 + 4 * w.n, total = table_end + w.data_len
+        cdef Py_ssize_t s, llen
+        cdef unsigned char* q
+        if total > <Py_ssize_t>MAXU32:
+            raise ValueError("block larger than 4 GiB")
+        out = PyBytes_FromStringAndSize(NULL, total)
+        q = <unsigned char*>PyBytes_AS_STRING(out)
+        rtb_st32(q, MAGIC)
+        rtb_st32(q + 4, <uint32_t>n)
+        for i in range(n):
+            rtb_st32(q + 8 + 4 * i, <uint32_t>(table_end + w.starts[i]))
+        rtb_st32(q + 8 + 4 * n, <uint32_t>total)
+        memcpy(q + table_end, w.data, <size_t>w.data_len)
+        first = PyBytes_FromStringAndSize(<const char*>(w.data + 4), rtb_ld32(w.data) & MAX_TERM)
+        s = w.starts[n - 1]
+        llen = rtb_ld32(w.data + s) & MAX_TERM
+        if llen > w.last_cap:
+            w.last = <unsigned char*>_safe_realloc(w.last, <size_t>llen)
+            w.last_cap = llen
+        if llen > 0:
+            memcpy(w.last, w.data + s + 4, <size_t>llen)
+        w.last_len = llen
+        w.n = 0
+        w.data_len = 0
+        return first, out
+
+
+# ---- merging ---------------------------------------------------------------------------
+
+
+cdef inline bint _is_deleted(const CState* c, uint32_t v) noexcept nogil:
+    cdef Py_ssize_t lo, hi, mid
+    if c.dbits != NULL:
+        return v < c.dbits_n and (c.dbits[v >> 3] >> (v & 7)) & 1
+    if c.dsorted != NULL:
+        lo = 0
+        hi = c.dsorted_n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if c.dsorted[mid] < v:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo < c.dsorted_n and c.dsorted[lo] == v
+    return False
+
+
+cdef int _filter(const CState* c, offset_t* out, Py_ssize_t* got, uint32_t* bad) noexcept nogil:
+    """The current raw posting of ``c`` minus deletes, plus shift, into ``out``.
+
+    Returns 0, -1 when the posting is not strictly increasing, or -2 when an offset
+    overflows uint32 after the shift (``bad`` is the offending offset).
+    """
+    cdef const unsigned char* p = c.v.p + c.e.ps
+    cdef Py_ssize_t k = c.e.plen >> 2, i, cnt = 0
+    cdef int64_t prev = -1
+    cdef uint32_t v
+    for i in range(k):
+        v = rtb_ld32(p + 4 * i)
+        if v <= prev:
+            bad[0] = v
+            return -1
+        prev = v
+        if _is_deleted(c, v):
+            continue
+        if v + c.shift > MAXU32:
+            bad[0] = v
+            return -2
+        out[cnt] = <uint32_t>(v + c.shift)
+        cnt += 1
+    got[0] = cnt
+    return 0
+
+
+cdef int _raise_filter(int rc, uint32_t bad, uint64_t shift) except -1:
+    if rc == -1:
+        raise CorruptionError("term block posting is not strictly increasing")
+    raise ValueError(f"offset {bad} + shift {shift} does not fit in uint32")
+
+
+cdef class _Cursor:
+    """One merge input: the current block of a segment and the position in it."""
+
+    def __cinit__(self):
+        memset(&self.s, 0, sizeof(CState))
+
+    def __init__(self, block_iter, shift, deleted):
+        cdef array.array darr
+        cdef Py_ssize_t n, i
+        cdef uint32_t mx, v
+        if not isinstance(shift, int) or isinstance(shift, bool):
+            raise TypeError(f"shift must be an int, not {type(shift).__name__}")
+        if not 0 <= shift <= MAXU32:
+            raise ValueError(f"shift {shift} is outside [0, 2**32)")
+        if deleted is not None and not isinstance(deleted, AbstractBitMap):
+            raise TypeError(f"deleted must be a pyroaring BitMap or None, not {type(deleted).__name__}")
+        self.it = iter(block_iter)
+        self.s.shift = shift
+        if deleted is not None and deleted.copy_on_write:  # pyroaring won't mix the two kinds
+            deleted = BitMap(deleted.to_array())
+        self.deleted = deleted if deleted else None
+        if self.deleted is None:
+            return
+        darr = deleted.to_array()
+        n = Py_SIZE(darr)
+        mx = darr.data.as_uints[n - 1]
+        if mx < _bitset_limit:
+            self.s.dbits = <unsigned char*>_safe_realloc(NULL, (mx >> 3) + 1)
+            memset(self.s.dbits, 0, (mx >> 3) + 1)
+            for i in range(n):
+                v = darr.data.as_uints[i]
+                self.s.dbits[v >> 3] |= <unsigned char>(1 << (v & 7))
+            self.s.dbits_n = <uint64_t>mx + 1
+        else:
+            self.darr = darr
+            self.s.dsorted = darr.data.as_uints
+            self.s.dsorted_n = n
+
+    def __dealloc__(self):
+        if self.s.dbits != NULL:
+            free(self.s.dbits)
+
+    cdef int load(self) except -1:
+        """Move to the first entry of the next block, or set ``done``."""
+        cdef BlockView v
+        cdef bytes b
+        try:
+            blk = next(self.it)
+        except StopIteration:
+            self.block = None
+            self.s.v.p = NULL
+            self.s.done = True
+            return 0
+        b = _as_bytes(blk)
+        _open(b, &v)
+        self.block = b
+        self.s.v = v
+        self.s.i = 0
+        _entry_or_raise(&self.s.v, 0, &self.s.e)
+        return 0
+
+    cdef int advance(self) except -1:
+        self.s.i += 1
+        if self.s.i < self.s.v.n:
+            _entry_or_raise(&self.s.v, self.s.i, &self.s.e)
+        else:
+            self.load()
+        return 0
+
+    cdef object bitmap(self):
+        """The current posting (any kind) minus deletes, plus shift."""
+        cdef array.array arr
+        cdef Py_ssize_t got = 0
+        cdef uint32_t bad = 0
+        cdef int rc
+        if self.s.e.kind == RAW:
+            arr = array.clone(_U32, self.s.e.plen >> 2, False)
+            rc = _filter(&self.s, arr.data.as_uints, &got, &bad)
+            if rc < 0:
+                _raise_filter(rc, bad, self.s.shift)
+            array.resize(arr, got)
+            return BitMap(arr, optimize=False)
+        bm = _bitmap(&self.s.v, &self.s.e)
+        if self.deleted is not None:
+            bm -= self.deleted
+        if bm and self.s.shift:
+            if bm.max() + self.s.shift > MAXU32:
+                raise ValueError(f"offset {bm.max()} + shift {self.s.shift} does not fit in uint32")
+            bm = bm.shift(self.s.shift)
+        return bm
+
+
+cdef inline int _grow_last(MState* m, Py_ssize_t n) except -1:
+    if n > m.last_cap:
+        m.last = <unsigned char*>_safe_realloc(m.last, <size_t>n)
+        m.last_cap = n
+    return 0
+
+
+cdef inline int _grow_scratch(MState* m, Py_ssize_t n) except -1:
+    if n > m.scratch_cap:
+        m.scratch = <offset_t*>_safe_realloc(m.scratch, <size_t>n * sizeof(offset_t))
+        m.scratch_cap = n
+    return 0
+
+
+cdef Py_ssize_t _fast(MState* m) noexcept nogil:
+    """Merge terms while each is plain C work; returns how many it merged.
+
+    A term is merged here only when every input holding it has a raw posting and a next
+    entry in its current block, the result is surely raw, nothing is wrong, and the output
+    block does not fill up; otherwise nothing is changed and ``slow_step`` does that term,
+    with the GIL.
+    """
+    cdef Py_ssize_t merged = 0, j, total, cnt, got, need, kk, tl
+    cdef CState* c
+    cdef CState* best
+    cdef const unsigned char* tp
+    cdef bint dup
+    cdef int r
+    cdef uint32_t bad
+    cdef WState* w = m.w
+    while True:
+        best = NULL
+        dup = False
+        for j in range(m.k):
+            c = m.cs[j]
+            if c.done:
+                continue
+            if best == NULL:
+                best = c
+            else:
+                r = _cmp(c.v.p + c.e.ts, c.e.tlen, best.v.p + best.e.ts, best.e.tlen)
+                if r < 0:
+                    best = c
+                    dup = False
+                elif r == 0:
+                    dup = True
+        if best == NULL:
+            return merged
+        tp = best.v.p + best.e.ts
+        tl = best.e.tlen
+        if m.last_len >= 0 and _cmp(tp, tl, m.last, m.last_len) <= 0:
+            return merged
+        if tl > m.last_cap:
+            return merged
+        total = 0
+        for j in range(m.k):
+            c = m.cs[j]
+            c.hit = not c.done and (c == best or (dup and _cmp(c.v.p + c.e.ts, c.e.tlen, tp, tl) == 0))
+            if not c.hit:
+                continue
+            kk = c.e.plen >> 2
+            if c.e.kind != RAW or c.i + 1 >= c.v.n or _entry(&c.v, c.i + 1, &c.nxt) < 0:
+                return merged
+            total += kk
+        if total > m.scratch_cap:
+            return merged
+        cnt = 0
+        for j in range(m.k):
+            c = m.cs[j]
+            if c.hit:
+                if _filter(c, m.scratch + cnt, &got, &bad) < 0:
+                    return merged
+                cnt += got
+        if dup and not _increasing(m.scratch, cnt):
+            cnt = _sort_unique(m.scratch, cnt)
+        if not _surely_raw(m.scratch, cnt):
+            return merged  # may be roaring: BitMap work needs the GIL
+        if cnt > 0:
+            need = 4 + tl + 4 * cnt
+            if w.data_len + need > w.data_cap or w.n >= w.starts_cap:
+                return merged
+            if _w_size(w) + 4 + need >= w.target:
+                return merged
+        # commit: nothing above changed any state
+        if tl > 0:
+            memcpy(m.last, tp, <size_t>tl)
+        m.last_len = tl
+        if cnt > 0:
+            _w_put_raw(w, m.last, tl, m.scratch, cnt)
+        for j in range(m.k):
+            c = m.cs[j]
+            if c.hit:
+                c.i += 1
+                c.e = c.nxt
+        merged += 1
+
+
+cdef class _Merger:
+    """State of one merge_blocks() call; next_block() runs it to the next output block."""
+
+    def __cinit__(self):
+        memset(&self.m, 0, sizeof(MState))
+        self.m.last_len = -1
+
+    def __init__(self, list cursors, BlockWriter writer):
+        cdef Py_ssize_t j
+        self.cursors = cursors
+        self.writer = writer
+        self.m.k = len(cursors)
+        self.m.cs = <CState**>_safe_realloc(NULL, <size_t>max(self.m.k, 1) * sizeof(CState*))
+        for j in range(self.m.k):
+            self.m.cs[j] = &(<_Cursor>cursors[j]).s
+        self.m.w = &writer.w
+        _grow_scratch(&self.m, RAW_MAX * (self.m.k + 1))
+        _grow_last(&self.m, 256)
+        # room for a full block, so the nogil loop rarely stops to grow the writer
+        _w_reserve(&writer.w, min(writer.w.target, 1 << 20) + 4096)
+        if writer.w.starts_cap < 1024:
+            writer.w.starts = <uint32_t*>_safe_realloc(writer.w.starts, 1024 * sizeof(uint32_t))
+            writer.w.starts_cap = 1024
+
+    def __dealloc__(self):
+        if self.m.cs != NULL:
+            free(self.m.cs)
+        if self.m.last != NULL:
+            free(self.m.last)
+        if self.m.scratch != NULL:
+            free(self.m.scratch)
+
+    cdef object next_block(self):
+        cdef MState* m = &self.m
+        if self.finished:
+            return None
+        if not self.started:
+            self.started = True
+            for c in self.cursors:
+                (<_Cursor>c).load()
+        while True:
+            with nogil:
+                _fast(m)
+            out = self.slow_step()
+            if out is not None:
+                return out
+            if self.finished:
+                return None
+
+    cdef object slow_step(self):
+        """Merge exactly one term (any kind), raising what is wrong; returns a block or None."""
+        cdef MState* m = &self.m
+        cdef Py_ssize_t j, best = -1, total = 0, cnt = 0, got = 0, tl
+        cdef CState* c
+        cdef CState* b
+        cdef bint all_raw = True
+        cdef uint32_t bad = 0
+        cdef int rc
+        cdef const offset_t* vals
+        cdef array.array arr = None
+        for j in range(m.k):
+            c = m.cs[j]
+            if not c.done and (best < 0 or _cmp(c.v.p + c.e.ts, c.e.tlen,
+                                                m.cs[best].v.p + m.cs[best].e.ts,
+                                                m.cs[best].e.tlen) < 0):
+                best = j
+        if best < 0:
+            self.finished = True
+            return self.writer.finish()
+        b = m.cs[best]
+        tl = b.e.tlen
+        if m.last_len >= 0 and _cmp(b.v.p + b.e.ts, tl, m.last, m.last_len) <= 0:
+            raise CorruptionError("merge input terms are not strictly increasing")
+        _grow_last(m, tl)
+        if tl > 0:
+            memcpy(m.last, b.v.p + b.e.ts, <size_t>tl)
+        m.last_len = tl
+        for j in range(m.k):
+            c = m.cs[j]
+            c.hit = not c.done and (j == best or _cmp(c.v.p + c.e.ts, c.e.tlen, m.last, tl) == 0)
+            if c.hit:
+                if c.e.kind == RAW:
+                    total += c.e.plen >> 2
+                else:
+                    all_raw = False
+        if all_raw:
+            _grow_scratch(m, total)
+            for j in range(m.k):
+                c = m.cs[j]
+                if c.hit:
+                    if total >= NOGIL_MIN:
+                        with nogil:
+                            rc = _filter(c, m.scratch + cnt, &got, &bad)
+                    else:
+                        rc = _filter(c, m.scratch + cnt, &got, &bad)
+                    if rc < 0:
+                        _raise_filter(rc, bad, c.shift)
+                    cnt += got
+            if not _increasing(m.scratch, cnt):
+                cnt = _sort_unique(m.scratch, cnt)
+            vals = m.scratch
+        else:
+            parts = [(<_Cursor>self.cursors[j]).bitmap() for j in range(m.k) if m.cs[j].hit]
+            u = parts[0] if len(parts) == 1 else BitMap.union(*parts)
+            arr = u.to_array()
+            cnt = Py_SIZE(arr)
+            vals = arr.data.as_uints
+        out = None
+        if cnt > 0:
+            out = self.writer._put(m.last, tl, vals, cnt, arr)
+        for j in range(m.k):
+            if m.cs[j].hit:
+                (<_Cursor>self.cursors[j]).advance()
+        return out
+
+
+def _merge_gen(_Merger merger):
+    while True:
+        out = merger.next_block()
+        if out is None:
+            return
+        yield out
+
+
+def merge_blocks(inputs, target_bytes=16384):
+    """Merge the term blocks of several segments into the blocks of one.
+
+    ``inputs`` is a list of ``(block_iter, shift, deleted)``: ``block_iter`` yields one
+    segment's blocks in term order; each of its postings loses ``deleted`` and then gains
+    ``shift``. Postings of one term are unioned; terms left empty are dropped. Yields
+    ``(first_term, block)`` as :class:`BlockWriter` does, holding one block per input.
+    Arguments are checked at call time; blocks as they are read.
+    """
+    writer = BlockWriter(target_bytes)
+    cursors = [_Cursor(*inp) for inp in inputs]
+    return _merge_gen(_Merger(cursors, writer))

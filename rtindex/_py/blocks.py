@@ -1,0 +1,494 @@
+"""Reference term-dictionary blocks: the oracle for ``rtindex/_ext/_blocks.pyx``.
+
+A sealed segment stores its sorted (term -> posting list) pairs Lucene-style: one RocksDB
+value per run of consecutive terms (about ``target_bytes`` each), keyed by the run's first
+term. Both implementations produce the same bytes and raise the same errors; the tests
+compare them on generated data.
+
+Block format (every integer is a little-endian uint32)::
+
+    offset 0    magic      b"RTB\\x01" (format version 1)
+    offset 4    n          entry count, >= 1
+    offset 8    off[n+1]   entry i is block[off[i]:off[i+1]]; off[0] = 12 + 4n, off[n] = len(block)
+    off[0]...   entries, terms strictly increasing (bytewise)
+
+    entry:  head       term_len | kind << 30   (term_len < 2**30; kind 0 = raw, 1 = roaring)
+            term       term_len bytes
+            posting    up to the entry's end:
+                raw:     k >= 1 strictly increasing uint32 offsets (k = posting bytes / 4)
+                roaring: uint32 cardinality (>= 1), then ``BitMap.serialize()`` (portable format)
+
+Encoding is a function of the set alone, so both implementations (and a merge that changes
+nothing) give identical bytes: a set of k < 64 offsets is raw; otherwise ``s =
+BitMap(offsets).serialize()`` (run-optimized by pyroaring's constructor) is stored as roaring
+when ``4 + len(s) < 4 * k``, else raw (sparse sets spread over many 64K chunks are smaller raw).
+A block is emitted as soon as its size (header + table + entries) reaches ``target_bytes``,
+so a block is only larger than that by its last entry.
+
+Lookups binary-search the offsets table and read only the probed entries, so they cost
+O(log n) and never decode the others. Every read is checked against the block's bounds: a
+truncated or garbage block raises :class:`~rtindex.errors.CorruptionError` (validation is
+lazy, so a damaged entry that is never probed goes unnoticed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import sys
+from array import array
+from typing import Iterable, Iterator
+
+from pyroaring import AbstractBitMap, BitMap
+
+from rtindex.errors import CorruptionError
+
+MAGIC = b"RTB\x01"
+RAW = 0
+ROARING = 1
+RAW_MAX = 64  # a set of fewer offsets is always stored raw
+MAX_TERM = (1 << 30) - 1
+_U32 = struct.Struct("<I")
+_HDR = struct.Struct("<4sI")
+_BIG = sys.byteorder == "big"
+_MAXU32 = 0xFFFFFFFF
+
+__all__ = [
+    "BlockWriter",
+    "block_cardinality",
+    "block_first_last",
+    "block_get",
+    "block_items",
+    "block_range",
+    "merge_blocks",
+]
+
+
+def _to_le(a: array) -> bytes:
+    if _BIG:
+        a = array("I", a)
+        a.byteswap()
+    return a.tobytes()
+
+
+def _from_le(b: bytes) -> array:
+    a = array("I")
+    a.frombytes(b)
+    if _BIG:
+        a.byteswap()
+    return a
+
+
+def _increasing(a: array) -> bool:
+    return all(x < y for x, y in zip(a, a[1:]))
+
+
+def _surely_raw(values: array) -> bool:
+    """True when the raw encoding is known to win without serializing a BitMap.
+
+    A lower bound of the portable roaring size: 4 bytes + 8 per 64K chunk (4 with fewer than
+    4 chunks) + per chunk the smallest container payload (array 2/value, run 2 + 4/run,
+    bitset 8192). Raw wins when ``4 + bound >= 4k``. A shortcut only: it never changes which
+    encoding is chosen. The compiled encoder uses it to skip building a BitMap; this reference
+    does not (so the byte-for-byte tests also check that it changes nothing).
+    """
+    k = len(values)
+    if k < RAW_MAX:
+        return True
+    payload = 0
+    chunks = 0
+    for _, group in itertools.groupby(values, lambda v: v >> 16):
+        vs = list(group)
+        runs = 1 + sum(1 for a, b in zip(vs, vs[1:]) if b != a + 1)
+        payload += min(2 * len(vs), 2 + 4 * runs, 8192)
+        chunks += 1
+    return 4 + 4 + (8 if chunks >= 4 else 4) * chunks + payload >= 4 * k
+
+
+def _encode(values: array) -> tuple[int, bytes]:
+    """(kind, posting bytes) of a non-empty increasing array('I')."""
+    k = len(values)
+    if k >= RAW_MAX:
+        ser = BitMap(values).serialize()
+        if 4 + len(ser) < 4 * k:
+            return ROARING, _U32.pack(k) + ser
+    return RAW, _to_le(values)
+
+
+class BlockWriter:
+    """Packs (term, postings) pairs, added in increasing term order, into blocks."""
+
+    def __init__(self, target_bytes: int = 16384):
+        if not isinstance(target_bytes, int) or isinstance(target_bytes, bool):
+            raise TypeError("target_bytes must be an int")
+        if target_bytes < 1:
+            raise ValueError("target_bytes must be >= 1")
+        self._target = target_bytes
+        self._entries: list[bytes] = []
+        self._data_len = 0
+        self._first: bytes | None = None
+        self._last: bytes | None = None
+        self._n_terms = 0
+
+    @property
+    def n_terms(self) -> int:
+        """Number of terms written so far (empty postings are not counted)."""
+        return self._n_terms
+
+    def add(self, term: bytes, postings: array | AbstractBitMap) -> tuple[bytes, bytes] | None:
+        """Add ``term`` (greater than every term added before) with its row offsets.
+
+        ``postings`` is an ``array('I')`` of strictly increasing offsets or a pyroaring
+        ``BitMap``; an empty one is skipped (not checked against the order). Returns a
+        finished ``(first_term, block)`` once the current block reaches ``target_bytes``.
+        """
+        if not isinstance(term, bytes):
+            raise TypeError(f"term must be bytes, not {type(term).__name__}")
+        if isinstance(postings, array):
+            if postings.typecode != "I" or postings.itemsize != 4:
+                raise TypeError(f"postings must be array('I'), not array({postings.typecode!r})")
+            values = postings
+        elif isinstance(postings, AbstractBitMap):
+            values = None
+        else:
+            raise TypeError(
+                f"postings must be array('I') or a pyroaring BitMap, not {type(postings).__name__}"
+            )
+        if not postings:
+            return None
+        if len(term) > MAX_TERM:
+            raise ValueError(f"term of {len(term)} bytes is too long (at most {MAX_TERM})")
+        if values is None:
+            values = postings.to_array()
+        elif not _increasing(values):
+            raise ValueError("postings must be strictly increasing")
+        if self._last is not None and term <= self._last:
+            raise ValueError(
+                f"terms must be added in strictly increasing order: {term!r} after {self._last!r}"
+            )
+        return self._put(term, values)
+
+    def _put(self, term: bytes, values: array) -> tuple[bytes, bytes] | None:
+        kind, post = _encode(values)
+        entry = _U32.pack(len(term) | kind << 30) + term + post
+        if not self._entries:
+            self._first = term
+        self._entries.append(entry)
+        self._data_len += len(entry)
+        self._last = term
+        self._n_terms += 1
+        if 12 + 4 * len(self._entries) + self._data_len >= self._target:
+            return self._flush()
+        return None
+
+    def finish(self) -> tuple[bytes, bytes] | None:
+        """The last, partly filled block, or None when nothing is pending."""
+        if not self._entries:
+            return None
+        return self._flush()
+
+    def _flush(self) -> tuple[bytes, bytes]:
+        n = len(self._entries)
+        table_end = 12 + 4 * n
+        if table_end + self._data_len > _MAXU32:
+            raise ValueError("block larger than 4 GiB")
+        offs = array("I", [table_end])
+        pos = table_end
+        for e in self._entries:
+            pos += len(e)
+            offs.append(pos)
+        block = _HDR.pack(MAGIC, n) + _to_le(offs) + b"".join(self._entries)
+        first = self._first
+        assert first is not None
+        self._entries = []
+        self._data_len = 0
+        self._first = None
+        return first, block
+
+
+# ---- reading --------------------------------------------------------------------------
+
+
+class _Block:
+    """A validated header over one block's bytes; entries are checked as they are read."""
+
+    __slots__ = ("b", "n", "table_end")
+
+    def __init__(self, block):
+        b = block if isinstance(block, bytes) else bytes(memoryview(block))
+        if len(b) < 12:
+            raise CorruptionError(f"term block of {len(b)} bytes is too short")
+        magic, n = _HDR.unpack_from(b, 0)
+        if magic != MAGIC:
+            raise CorruptionError(f"term block has a bad magic number {magic!r}")
+        if n == 0:
+            raise CorruptionError("term block has no entries")
+        table_end = 12 + 4 * n
+        if table_end > len(b):
+            raise CorruptionError(f"term block of {len(b)} bytes cannot hold {n} entries")
+        if _U32.unpack_from(b, 8)[0] != table_end or _U32.unpack_from(b, 8 + 4 * n)[0] != len(b):
+            raise CorruptionError("term block offsets table does not match its size")
+        self.b = b
+        self.n = n
+        self.table_end = table_end
+
+    def entry(self, i: int) -> tuple[int, int, int, int, int]:
+        """(term_start, term_end, kind, posting_start, posting_end) of entry ``i``."""
+        b = self.b
+        s = _U32.unpack_from(b, 8 + 4 * i)[0]
+        e = _U32.unpack_from(b, 12 + 4 * i)[0]
+        if s < self.table_end or e > len(b) or e - s < 4:
+            raise CorruptionError(f"term block entry {i} is out of bounds")
+        head = _U32.unpack_from(b, s)[0]
+        tlen = head & MAX_TERM
+        kind = head >> 30
+        plen = e - s - 4 - tlen
+        if kind > ROARING or plen < 4 or (kind == RAW and plen % 4) or (kind == ROARING and plen == 4):
+            raise CorruptionError(f"term block entry {i} is malformed")
+        return s + 4, s + 4 + tlen, kind, s + 4 + tlen, e
+
+    def term(self, i: int) -> bytes:
+        ts, te, _, _, _ = self.entry(i)
+        return self.b[ts:te]
+
+    def lower_bound(self, key: bytes) -> int:
+        """Index of the first entry whose term is >= ``key`` (``n`` when none)."""
+        b = self.b
+        lo, hi = 0, self.n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            ts, te, _, _, _ = self.entry(mid)
+            if b[ts:te] < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def find(self, key: bytes) -> int:
+        i = self.lower_bound(key)
+        if i < self.n:
+            ts, te, _, _, _ = self.entry(i)
+            if self.b[ts:te] == key:
+                return i
+        return -1
+
+    def values(self, kind: int, ps: int, pe: int) -> array:
+        """The increasing offsets of one posting (validated)."""
+        if kind == RAW:
+            a = _from_le(self.b[ps:pe])
+            if not _increasing(a):
+                raise CorruptionError("term block posting is not strictly increasing")
+            return a
+        return self.bitmap(kind, ps, pe).to_array()
+
+    def bitmap(self, kind: int, ps: int, pe: int) -> BitMap:
+        if kind == RAW:
+            return BitMap(self.values(kind, ps, pe))
+        card = _U32.unpack_from(self.b, ps)[0]
+        try:
+            bm = BitMap.deserialize(self.b[ps + 4 : pe])
+        except ValueError as e:
+            raise CorruptionError(f"term block posting does not decode: {e}") from None
+        if len(bm) != card or card == 0:
+            raise CorruptionError("term block posting has the wrong cardinality")
+        return bm
+
+
+def _check_term(term) -> None:
+    if not isinstance(term, bytes):
+        raise TypeError(f"term must be bytes, not {type(term).__name__}")
+
+
+def block_get(block: bytes, term: bytes) -> BitMap | None:
+    """The posting list of ``term`` in ``block``, or None when the block does not hold it."""
+    _check_term(term)
+    blk = _Block(block)
+    i = blk.find(term)
+    if i < 0:
+        return None
+    _, _, kind, ps, pe = blk.entry(i)
+    return blk.bitmap(kind, ps, pe)
+
+
+def block_cardinality(block: bytes, term: bytes) -> int:
+    """Length of ``term``'s posting list in ``block`` (0 when absent); builds no BitMap."""
+    _check_term(term)
+    blk = _Block(block)
+    i = blk.find(term)
+    if i < 0:
+        return 0
+    _, _, kind, ps, pe = blk.entry(i)
+    if kind == RAW:
+        return (pe - ps) >> 2
+    card = _U32.unpack_from(blk.b, ps)[0]
+    if card == 0:
+        raise CorruptionError("term block posting has the wrong cardinality")
+    return card
+
+
+def block_range(block: bytes, lo: bytes | None, hi: bytes | None) -> list[tuple[bytes, BitMap]]:
+    """Entries with ``lo <= term < hi`` (None: unbounded), in term order."""
+    if lo is not None:
+        _check_term(lo)
+    if hi is not None:
+        _check_term(hi)
+    blk = _Block(block)
+    start = 0 if lo is None else blk.lower_bound(lo)
+    return _scan(blk, start, hi)
+
+
+def block_items(block: bytes) -> list[tuple[bytes, BitMap]]:
+    """Every (term, posting list) of ``block``, in term order."""
+    return _scan(_Block(block), 0, None)
+
+
+def _scan(blk: _Block, start: int, hi: bytes | None) -> list[tuple[bytes, BitMap]]:
+    out = []
+    b = blk.b
+    prev = None
+    for i in range(start, blk.n):
+        ts, te, kind, ps, pe = blk.entry(i)
+        t = b[ts:te]
+        if hi is not None and t >= hi:
+            break
+        if prev is not None and t <= prev:
+            raise CorruptionError("term block terms are not strictly increasing")
+        prev = t
+        out.append((t, blk.bitmap(kind, ps, pe)))
+    return out
+
+
+def block_first_last(block: bytes) -> tuple[bytes, bytes]:
+    """(first term, last term) of ``block``."""
+    blk = _Block(block)
+    return blk.term(0), blk.term(blk.n - 1)
+
+
+# ---- merging --------------------------------------------------------------------------
+
+
+class _Cursor:
+    """One merge input: the current block of a segment and the position in it."""
+
+    def __init__(self, block_iter: Iterable, shift: int, deleted: AbstractBitMap | None):
+        if not isinstance(shift, int) or isinstance(shift, bool):
+            raise TypeError(f"shift must be an int, not {type(shift).__name__}")
+        if not 0 <= shift <= _MAXU32:
+            raise ValueError(f"shift {shift} is outside [0, 2**32)")
+        if deleted is not None and not isinstance(deleted, AbstractBitMap):
+            raise TypeError(f"deleted must be a pyroaring BitMap or None, not {type(deleted).__name__}")
+        self.it = iter(block_iter)
+        self.shift = shift
+        if deleted is not None and deleted.copy_on_write:  # pyroaring won't mix the two kinds
+            deleted = BitMap(deleted.to_array())
+        self.deleted = deleted if deleted else None
+        self.blk: _Block | None = None
+        self.i = 0
+        self.done = False
+        self.cur: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+
+    def load(self) -> None:
+        """Move to the first entry of the next block, or set ``done``."""
+        for block in self.it:
+            self.blk = _Block(block)
+            self.i = 0
+            self.cur = self.blk.entry(0)
+            return
+        self.blk = None
+        self.done = True
+
+    def advance(self) -> None:
+        assert self.blk is not None
+        self.i += 1
+        if self.i < self.blk.n:
+            self.cur = self.blk.entry(self.i)
+        else:
+            self.load()
+
+    def term(self) -> bytes:
+        assert self.blk is not None
+        return self.blk.b[self.cur[0] : self.cur[1]]
+
+    def raw_values(self) -> array:
+        """The current raw posting minus deletes, plus shift."""
+        assert self.blk is not None
+        _, _, _, ps, pe = self.cur
+        vals = _from_le(self.blk.b[ps:pe])
+        out = array("I")
+        prev = -1
+        for v in vals:
+            if v <= prev:
+                raise CorruptionError("term block posting is not strictly increasing")
+            prev = v
+            if self.deleted is not None and v in self.deleted:
+                continue
+            if v + self.shift > _MAXU32:
+                raise ValueError(f"offset {v} + shift {self.shift} does not fit in uint32")
+            out.append(v + self.shift)
+        return out
+
+    def bitmap(self) -> BitMap:
+        """The current posting (any kind) minus deletes, plus shift."""
+        assert self.blk is not None
+        _, _, kind, ps, pe = self.cur
+        if kind == RAW:
+            return BitMap(self.raw_values())
+        bm = self.blk.bitmap(kind, ps, pe)
+        if self.deleted is not None:
+            bm -= self.deleted
+        if bm and self.shift:
+            if bm.max() + self.shift > _MAXU32:
+                raise ValueError(f"offset {bm.max()} + shift {self.shift} does not fit in uint32")
+            bm = bm.shift(self.shift)
+        return bm
+
+
+def merge_blocks(inputs, target_bytes: int = 16384) -> Iterator[tuple[bytes, bytes]]:
+    """Merge the term blocks of several segments into the blocks of one.
+
+    ``inputs`` is a list of ``(block_iter, shift, deleted)``: ``block_iter`` yields one
+    segment's blocks in term order; each of its postings loses ``deleted`` and then gains
+    ``shift``. Postings of one term are unioned; terms left empty are dropped. Yields
+    ``(first_term, block)`` as :class:`BlockWriter` does, holding one block per input.
+    Arguments are checked at call time; blocks as they are read.
+    """
+    writer = BlockWriter(target_bytes)
+    cursors = [_Cursor(*inp) for inp in inputs]
+    return _merge(cursors, writer)
+
+
+def _merge(cursors: list[_Cursor], writer: BlockWriter) -> Iterator[tuple[bytes, bytes]]:
+    for c in cursors:
+        c.load()
+    last: bytes | None = None
+    while True:
+        m = None
+        mt = b""
+        for c in cursors:
+            if not c.done:
+                t = c.term()
+                if m is None or t < mt:
+                    m, mt = c, t
+        if m is None:
+            break
+        if last is not None and mt <= last:
+            raise CorruptionError("merge input terms are not strictly increasing")
+        last = mt
+        same = [c for c in cursors if not c.done and (c is m or c.term() == mt)]
+        if all(c.cur[2] == RAW for c in same):
+            vals = array("I")
+            for c in same:
+                vals.extend(c.raw_values())
+            if not _increasing(vals):
+                vals = array("I", sorted(set(vals)))
+        else:
+            parts = [c.bitmap() for c in same]
+            vals = (parts[0] if len(parts) == 1 else BitMap.union(*parts)).to_array()
+        out = writer._put(mt, vals) if vals else None
+        for c in same:
+            c.advance()
+        if out is not None:
+            yield out
+    out = writer.finish()
+    if out is not None:
+        yield out

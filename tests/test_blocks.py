@@ -1,0 +1,515 @@
+"""Term-dictionary blocks: the Cython module against the pure-Python oracle, and both against
+brute force (dicts of sets). Corrupt input must raise CorruptionError, never crash."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import random
+import struct
+from array import array
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pyroaring import BitMap, FrozenBitMap
+
+import rtindex._py.blocks as P
+from rtindex.errors import CorruptionError
+
+if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
+    C = None
+    IMPLS = [P]
+else:
+    import rtindex._ext._blocks as C
+
+    IMPLS = [C, P]
+
+needs_cython = pytest.mark.skipif(C is None, reason="RTINDEX_PURE_PYTHON=1: no compiled module to compare")
+impls = pytest.mark.parametrize("M", IMPLS, ids=lambda m: "cython" if m is C else "python")
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+MAXU = 2**32 - 1
+
+# ---- strategies -----------------------------------------------------------------------
+
+EDGE_TERMS = [b"", b"\x00", b"\xff", b"\x00\x00", b"\xff\xff", b"a\x00", b"a"]
+terms_st = st.binary(max_size=8) | st.sampled_from(EDGE_TERMS)
+
+
+@st.composite
+def dense_st(draw):
+    n = draw(st.integers(60, 5000))
+    step = draw(st.sampled_from([1, 1, 2, 3, 17, 1000]))
+    start = draw(st.integers(0, MAXU - n * step))
+    return list(range(start, start + n * step, step))
+
+
+@st.composite
+def sparse_st(draw):
+    n = draw(st.integers(60, 200))
+    lo = draw(st.sampled_from([0, 2**20, MAXU - 2**24]))
+    return sorted(random.Random(draw(st.integers())).sample(range(lo, lo + 2**24), n))
+
+
+offset_st = st.integers(0, 1000) | st.integers(0, MAXU) | st.integers(MAXU - 100, MAXU)
+postings_st = st.one_of(
+    st.builds(lambda v: [v], offset_st),
+    st.lists(offset_st, min_size=1, max_size=70, unique=True).map(sorted),
+    dense_st(),
+    sparse_st(),
+)
+
+
+@st.composite
+def entries_st(draw, max_size=40):
+    pairs = draw(st.lists(st.tuples(terms_st, postings_st), max_size=max_size, unique_by=lambda p: p[0]))
+    return sorted(pairs)
+
+
+targets_st = st.sampled_from([1, 40, 200, 1000, 16384])
+
+
+def build(M, entries, target=16384, as_bitmap=()):
+    w = M.BlockWriter(target)
+    out = []
+    for i, (t, vals) in enumerate(entries):
+        p = BitMap(vals) if i in as_bitmap else array("I", vals)
+        r = w.add(t, p)
+        if r is not None:
+            out.append(r)
+    r = w.finish()
+    if r is not None:
+        out.append(r)
+    assert w.n_terms == len(entries)
+    return out
+
+
+def find_block(blocks, term):
+    i = bisect.bisect_right([f for f, _ in blocks], term) - 1
+    return blocks[max(i, 0)][1]
+
+
+def outcome(fn):
+    """The result of fn(), "corrupt" for CorruptionError, "overflow" for a shift that does not
+    fit (merge only); nothing else may escape."""
+    try:
+        return ("ok", fn())
+    except CorruptionError:
+        return ("corrupt",)
+    except ValueError as e:
+        assert "does not fit in uint32" in str(e)
+        return ("overflow",)
+
+
+# ---- writing --------------------------------------------------------------------------
+
+
+@needs_cython
+@SETTINGS
+@given(entries=entries_st(), target=targets_st, data=st.data())
+def test_writer_matches_reference_bytes(entries, target, data):
+    as_bitmap = data.draw(st.sets(st.integers(0, max(len(entries) - 1, 0))))
+    blocks_c = build(C, entries, target, as_bitmap)
+    blocks_p = build(P, entries, target)
+    assert blocks_c == blocks_p
+    for i, (first, block) in enumerate(blocks_c):
+        assert first == C.block_first_last(block)[0]
+        if i < len(blocks_c) - 1:
+            assert len(block) >= target
+        # a block is emitted as soon as it reaches the target: without its last entry it was smaller
+        n = struct.unpack_from("<I", block, 4)[0]
+        off = struct.unpack_from(f"<{n + 1}I", block, 8)
+        last_entry = off[n] - off[n - 1]
+        assert n == 1 or len(block) - 4 - last_entry < target
+
+
+@impls
+@SETTINGS
+@given(entries=entries_st(), target=targets_st, probes=st.lists(terms_st, max_size=10))
+def test_round_trip(M, entries, target, probes):
+    blocks = build(M, entries, target, as_bitmap=range(0, len(entries), 2))
+    assert sum(len(M.block_items(b)) for _, b in blocks) == len(entries)
+    got = [item for _, b in blocks for item in M.block_items(b)]
+    assert got == [(t, BitMap(v)) for t, v in entries]
+    for t, vals in entries:
+        block = find_block(blocks, t)
+        assert M.block_get(block, t) == BitMap(vals)
+        assert M.block_cardinality(block, t) == len(vals)
+    present = {t for t, _ in entries}
+    for t in probes:
+        if t in present or not blocks:
+            continue
+        block = find_block(blocks, t)
+        assert M.block_get(block, t) is None
+        assert M.block_cardinality(block, t) == 0
+    for first, block in blocks:
+        terms = [t for t, _ in M.block_items(block)]
+        assert M.block_first_last(block) == (terms[0], terms[-1]) and first == terms[0]
+
+
+@impls
+@SETTINGS
+@given(entries=entries_st(max_size=30), target=targets_st, data=st.data())
+def test_block_range_matches_brute_force(M, entries, target, data):
+    blocks = build(M, entries, target)
+    bound = st.none() | terms_st | st.sampled_from([t for t, _ in entries] or [b""])
+    for _, block in blocks:
+        lo, hi = data.draw(bound), data.draw(bound)
+        items = M.block_items(block)
+        want = [(t, bm) for t, bm in items if (lo is None or t >= lo) and (hi is None or t < hi)]
+        assert M.block_range(block, lo, hi) == want
+        if C is not None:
+            assert C.block_range(block, lo, hi) == P.block_range(block, lo, hi)
+
+
+def test_format_is_pinned():
+    """One tiny block, byte by byte: the format is part of the on-disk layout."""
+    for M in IMPLS:
+        w = M.BlockWriter()
+        assert w.add(b"a", array("I", [5])) is None
+        assert w.add(b"b", array("I", [1, 2])) is None
+        first, block = w.finish()
+        entry_a = struct.pack("<I", 1) + b"a" + struct.pack("<I", 5)
+        entry_b = struct.pack("<I", 1) + b"b" + struct.pack("<II", 1, 2)
+        table_end = 12 + 4 * 2
+        want = (
+            b"RTB\x01"
+            + struct.pack("<I", 2)
+            + struct.pack("<III", table_end, table_end + 9, table_end + 9 + 13)
+            + entry_a
+            + entry_b
+        )
+        assert (first, block) == (b"a", want)
+        assert w.finish() is None
+
+
+@impls
+def test_encoding_choice(M):
+    """Roaring for dense sets of >= 64 offsets, raw below 64 or when raw is smaller."""
+
+    def kind_of(vals):
+        w = M.BlockWriter()
+        w.add(b"t", array("I", vals))
+        block = w.finish()[1]
+        return struct.unpack_from("<I", block, 16)[0] >> 30
+
+    assert kind_of(list(range(63))) == 0
+    assert kind_of(list(range(64))) == 1
+    assert kind_of(list(range(0, 64 * 2**16, 2**16))) == 0  # one value per 64K chunk
+    assert kind_of(list(range(5000))) == 1
+    assert kind_of([MAXU]) == 0
+
+
+@impls
+def test_big_postings_and_extremes(M):
+    entries = [
+        (b"", [0, MAXU]),
+        (b"\x00", list(range(MAXU - 5000, MAXU + 1))),
+        (b"\x00\xff", list(range(0, 10**6, 3))),
+        (b"\xff", [MAXU]),
+    ]
+    blocks = build(M, entries, target=1)
+    assert len(blocks) == 4
+    for t, vals in entries:
+        assert M.block_get(find_block(blocks, t), t) == BitMap(vals)
+        assert M.block_cardinality(find_block(blocks, t), t) == len(vals)
+
+
+@impls
+def test_add_validates(M):
+    w = M.BlockWriter(target_bytes=1)
+    assert w.add(b"b", array("I", [1])) is not None  # target 1: every add emits a block
+    with pytest.raises(ValueError):
+        w.add(b"b", array("I", [2]))  # equal term, across a block boundary
+    with pytest.raises(ValueError):
+        w.add(b"a", array("I", [2]))
+    with pytest.raises(ValueError):
+        w.add(b"c", array("I", [3, 3]))
+    with pytest.raises(ValueError):
+        w.add(b"c", array("I", [4, 3]))
+    with pytest.raises(TypeError):
+        w.add("c", array("I", [1]))
+    with pytest.raises(TypeError):
+        w.add(b"c", [1])
+    with pytest.raises(TypeError):
+        w.add(b"c", array("i", [1]))
+    with pytest.raises(TypeError):
+        w.add(b"c", array("Q", [1]))
+    assert w.add(b"c", array("I")) is None  # empty postings are skipped
+    assert w.add(b"c", BitMap()) is None
+    assert w.add(b"a", array("I")) is None  # ... without an order check
+    assert w.n_terms == 1
+    assert w.add(b"c", FrozenBitMap([7])) is not None
+    assert w.n_terms == 2
+    assert w.finish() is None
+    for bad in (0, -5):
+        with pytest.raises(ValueError):
+            M.BlockWriter(bad)
+    for bad in (1.5, "16", True):
+        with pytest.raises(TypeError):
+            M.BlockWriter(bad)
+
+
+@impls
+def test_lookups_validate_arguments(M):
+    block = build(M, [(b"a", [1])])[0][1]
+    with pytest.raises(TypeError):
+        M.block_get(block, "a")
+    with pytest.raises(TypeError):
+        M.block_range(block, "a", None)
+    with pytest.raises(TypeError):
+        M.block_get(12, b"a")
+    # any contiguous buffer works
+    for buf in (bytearray(block), memoryview(block)):
+        assert M.block_get(buf, b"a") == BitMap([1])
+        assert M.block_items(buf) == [(b"a", BitMap([1]))]
+
+
+# ---- merging --------------------------------------------------------------------------
+
+
+@st.composite
+def merge_case(draw):
+    n_inputs = draw(st.integers(0, 4))
+    inputs = []
+    for _ in range(n_inputs):
+        entries = draw(entries_st(max_size=25))
+        top = max((v[-1] for _, v in entries), default=0)
+        shift = draw(st.sampled_from([0, 1, 10**6]) | st.integers(0, MAXU - top))
+        assume(top + shift <= MAXU)
+        all_vals = sorted({x for _, v in entries for x in v})
+        some_vals = st.sampled_from(all_vals) if all_vals else st.just(0)
+        deleted = draw(st.none() | st.sets(some_vals, max_size=30))
+        if deleted is not None and draw(st.booleans()):
+            deleted.add(draw(offset_st))  # deletes of offsets no term holds are harmless
+        target = draw(targets_st)
+        inputs.append((entries, shift, None if deleted is None else BitMap(deleted), target))
+    return inputs, draw(targets_st)
+
+
+def brute_merge(inputs):
+    want: dict[bytes, set[int]] = {}
+    for entries, shift, deleted, _ in inputs:
+        for t, vals in entries:
+            s = want.setdefault(t, set())
+            s.update(v + shift for v in vals if deleted is None or v not in deleted)
+    return [(t, sorted(s)) for t, s in sorted(want.items()) if s]
+
+
+def run_merge(M, inputs, target, block_impl=None):
+    block_impl = block_impl or M
+    args = [(iter([b for _, b in build(block_impl, e, tg)]), sh, d) for e, sh, d, tg in inputs]
+    return list(M.merge_blocks(args, target))
+
+
+@impls
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=merge_case())
+def test_merge_matches_brute_force(M, case):
+    inputs, target = case
+    want = brute_merge(inputs)
+    got = run_merge(M, inputs, target)
+    assert [item for _, b in got for item in M.block_items(b)] == [(t, BitMap(v)) for t, v in want]
+    # encoding is a function of the sets: merging equals writing the result directly
+    assert got == build(M, want, target)
+
+
+@needs_cython
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=merge_case(), bitset=st.booleans())
+def test_merge_matches_reference_bytes(case, bitset):
+    inputs, target = case
+    old = C._test_set_bitset_limit(1 << 27 if bitset else 0)  # 0: deletes use binary search
+    try:
+        got = run_merge(C, inputs, target)
+    finally:
+        C._test_set_bitset_limit(old)
+    assert got == run_merge(P, inputs, target)
+
+
+@impls
+def test_merge_many_small_terms(M):
+    """Long runs through the fast path (raw, small, shared terms), many output blocks."""
+    rnd = random.Random(5)
+    segs = []
+    for s in range(3):
+        entries = [
+            (b"k%06d" % i, sorted(rnd.sample(range(1000), rnd.randint(1, 5)))) for i in range(s, 3000, s + 1)
+        ]
+        deleted = BitMap(rnd.sample(range(1000), 50))
+        segs.append((entries, 1000 * s, deleted, 512))
+    got = run_merge(M, segs, 700)
+    want = brute_merge(segs)
+    assert [item for _, b in got for item in M.block_items(b)] == [(t, BitMap(v)) for t, v in want]
+    if C is not None and M is C:
+        assert got == run_merge(P, segs, 700)
+
+
+@impls
+def test_merge_streams(M):
+    """A merge holds one block per input: it pulls input blocks as it emits output."""
+    entries = [(b"t%05d" % i, [i]) for i in range(5000)]
+    blocks = [b for _, b in build(M, entries, 256)]
+    pulled = [0, 0]
+
+    def feed(k):
+        for b in blocks:
+            pulled[k] += 1
+            yield b
+
+    gen = M.merge_blocks([(feed(0), 0, None), (feed(1), 5000, None)], 256)
+    next(gen)
+    assert max(pulled) <= 2 < len(blocks)
+    rest = list(gen)
+    assert pulled == [len(blocks), len(blocks)] and len(rest) > 10
+
+
+@impls
+def test_merge_edge_cases(M):
+    assert list(M.merge_blocks([])) == []
+    assert list(M.merge_blocks([(iter([]), 0, None)])) == []
+    blocks = [b for _, b in build(M, [(b"a", [1, 2]), (b"b", [3])])]
+    # everything deleted: nothing left
+    assert list(M.merge_blocks([(blocks, 0, BitMap([1, 2, 3]))])) == []
+    # FrozenBitMap deletes, empty deletes
+    out = list(M.merge_blocks([(blocks, 0, FrozenBitMap([2])), (blocks, 10, BitMap())]))
+    assert M.block_items(out[0][1]) == [(b"a", BitMap([1, 11, 12])), (b"b", BitMap([3, 13]))]
+    # roaring postings with deletes of every kind
+    big = [b for _, b in build(M, [(b"a", list(range(1000))), (b"b", list(range(0, 5000, 2)))])]
+    for deleted in (FrozenBitMap(range(0, 2000, 4)), BitMap(range(0, 2000, 4), copy_on_write=True)):
+        out = list(M.merge_blocks([(big, 0, deleted), (big, 5000, None)]))
+        assert M.block_items(out[0][1]) == [
+            (b"a", BitMap(range(1000)) - BitMap(range(0, 2000, 4)) | BitMap(range(5000, 6000))),
+            (b"b", BitMap(range(0, 5000, 2)) - BitMap(range(0, 2000, 4)) | BitMap(range(5000, 10000, 2))),
+        ]
+    # argument errors are raised at call time
+    with pytest.raises(ValueError):
+        M.merge_blocks([(blocks, -1, None)])
+    with pytest.raises(ValueError):
+        M.merge_blocks([(blocks, 2**32, None)])
+    with pytest.raises(TypeError):
+        M.merge_blocks([(blocks, 1.0, None)])
+    with pytest.raises(TypeError):
+        M.merge_blocks([(blocks, 0, {1})])
+    with pytest.raises(TypeError):
+        M.merge_blocks([(blocks, 0)])
+    with pytest.raises(ValueError):
+        M.merge_blocks([], target_bytes=0)
+
+
+@impls
+@pytest.mark.parametrize("vals", [[5, MAXU - 1], list(range(MAXU - 100, MAXU))])
+def test_merge_shift_overflow(M, vals):
+    blocks = [b for _, b in build(M, [(b"a", vals)])]
+    with pytest.raises(ValueError):
+        list(M.merge_blocks([(blocks, 2, None)]))
+    # deleting the offsets that would overflow makes the shift fine
+    out = list(M.merge_blocks([(blocks, 2, BitMap(v for v in vals if v + 2 > MAXU))]))
+    assert M.block_items(out[0][1]) == [(b"a", BitMap(v + 2 for v in vals if v + 2 <= MAXU))]
+
+
+# ---- corruption -----------------------------------------------------------------------
+
+
+def read_all(M, block, term, lo, hi):
+    return [
+        outcome(lambda: M.block_get(block, term)),
+        outcome(lambda: M.block_cardinality(block, term)),
+        outcome(lambda: M.block_range(block, lo, hi)),
+        outcome(lambda: M.block_range(block, None, None)),
+        outcome(lambda: M.block_items(block)),
+        outcome(lambda: M.block_first_last(block)),
+        outcome(lambda: list(M.merge_blocks([([block], 0, None), ([block], 7, BitMap([3]))], 64))),
+    ]
+
+
+def check_same(block, term, lo=None, hi=None):
+    results = [read_all(M, block, term, lo, hi) for M in IMPLS]
+    assert all(r == results[0] for r in results)
+    return results[0]
+
+
+@SETTINGS
+@given(block=st.binary(max_size=300), term=terms_st)
+def test_random_bytes(block, term):
+    check_same(block, term)
+
+
+@st.composite
+def header_like(draw):
+    """Random bytes behind a plausible header, to get past the first checks."""
+    n = draw(st.integers(1, 6))
+    body = draw(st.binary(max_size=120))
+    size = 12 + 4 * n + len(body)
+    offs = draw(st.lists(st.integers(0, size + 8), min_size=n - 1, max_size=n - 1))
+    table = [12 + 4 * n] + offs + [size]
+    return b"RTB\x01" + struct.pack(f"<{n + 2}I", n, *table) + body
+
+
+@SETTINGS
+@given(block=header_like(), term=terms_st)
+def test_random_entries(block, term):
+    check_same(block, term)
+
+
+def sample_blocks():
+    rnd = random.Random(11)
+    entries = sorted(
+        {bytes(rnd.randrange(256) for _ in range(rnd.randrange(6))): None for _ in range(40)}
+    )
+    vals = [[1], [3, 9], list(range(100, 400)), list(range(0, 2**24, 2**16 + 1))[:80], [MAXU]]
+    blocks = build(P, [(t, vals[i % len(vals)]) for i, t in enumerate(entries)], 200)
+    return [b for _, b in blocks]
+
+
+SAMPLES = sample_blocks()
+
+
+def test_truncations_are_corrupt():
+    for block in SAMPLES[:3]:
+        for cut in range(len(block)):
+            results = check_same(block[:cut], b"x", b"a", b"z")
+            assert all(r == ("corrupt",) for r in results)
+
+
+@SETTINGS
+@given(
+    which=st.integers(0, len(SAMPLES) - 1),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+    term=terms_st,
+    lo=st.none() | terms_st,
+    hi=st.none() | terms_st,
+)
+def test_mutations(which, edits, term, lo, hi):
+    block = bytearray(SAMPLES[which])
+    for pos, byte in edits:
+        block[pos % len(block)] = byte
+    check_same(bytes(block), term, lo, hi)
+
+
+def test_corrupt_order_in_merge():
+    """Inputs whose terms go backwards (within a block or across blocks) are corrupt."""
+    w = P.BlockWriter()
+    b1 = w.add(b"b", array("I", [1])) or w.finish()
+    w2 = P.BlockWriter()
+    w2.add(b"a", array("I", [2]))
+    b2 = w2.finish()
+    for M in IMPLS:
+        with pytest.raises(CorruptionError):
+            list(M.merge_blocks([([b1[1], b2[1]], 0, None)]))
+        with pytest.raises(CorruptionError):
+            list(M.merge_blocks([([b1[1], b1[1]], 0, None)]))
+        with pytest.raises(TypeError):
+            list(M.merge_blocks([([12], 0, None)]))
+
+
+@SETTINGS
+@given(vals=postings_st)
+def test_surely_raw_is_only_a_shortcut(vals):
+    """The quick 'raw wins' test never contradicts the rule it short-cuts."""
+    a = array("I", vals)
+    if P._surely_raw(a) and len(a) >= 64:
+        assert 4 + len(BitMap(a).serialize()) >= 4 * len(a)
+    if C is not None:
+        assert C._test_surely_raw(a) == P._surely_raw(a)
