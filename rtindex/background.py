@@ -41,6 +41,7 @@ class Worker:
             except BaseException:  # the task records its own error; never kill the worker
                 log.exception("rtindex background task failed in %s", self.name)
             finally:
+                task = None  # don't pin the task's objects (and their clean-up) while idle
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()

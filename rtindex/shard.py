@@ -46,7 +46,7 @@ class Segment:
     """A sealed segment on disk. Immutable; weak-referenceable so its files can be dropped
     once the last reader state that refers to it is gone."""
 
-    __slots__ = ("segid", "base", "n", "live", "column_keys", "__weakref__")
+    __slots__ = ("segid", "base", "n", "live", "column_keys", "merged_into", "__weakref__")
 
     def __init__(self, segid: int, base: int, n: int, live: FrozenBitMap, column_keys: tuple[bytes, ...]):
         self.segid = segid
@@ -54,6 +54,9 @@ class Segment:
         self.n = n
         self.live = live
         self.column_keys = column_keys
+        # the segment a merge turned this one into: a reader still holding this one keeps the
+        # successor (whose clean-up could drop rows this reader sees) alive too
+        self.merged_into: Segment | None = None
 
 
 class MemSegment:
@@ -597,6 +600,8 @@ class Shard:
                     late |= BitMap((o + cur.base - base) for o in extra)
             views[i : i + len(run)] = [View(seg, n, FrozenBitMap(late))]
             self._state = ShardState(tuple(views), self._state.next_row_id)
+            for v in run:
+                v.seg.merged_into = seg
         for v in run:  # drop the old segments' data once no reader state can reach them
             dropped = [v.base + o for o in v.deleted]
             weakref.finalize(v.seg, self._merger.submit, _Garbage(self, v.seg.segid, dropped))
