@@ -109,7 +109,12 @@ def prepare(doc: Any, limits: Limits, now_us: int) -> tuple[Any, bytes, dict, by
         raw = orjson.dumps(d)
     except (TypeError, orjson.JSONEncodeError) as e:
         # find where: the reference indexer names the path of the first bad value
-        _ReferenceBuilder(limits.max_depth).add(d)
+        try:
+            _ReferenceBuilder(limits.max_depth).add(d)
+        except SchemaError:
+            raise
+        except Exception:  # e.g. a key with a lone surrogate: say what orjson said
+            pass
         raise SchemaError(f"document is not JSON-serializable: {e}") from None
     if len(raw) > limits.max_document_bytes:
         raise SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes={limits.max_document_bytes}")

@@ -11,6 +11,8 @@ compare the two on generated documents.
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 from typing import Any, Sequence
 
@@ -69,6 +71,23 @@ def decode_path(enc: bytes) -> tuple[str, ...]:
     if not enc.endswith(PATH_END):
         raise ValueError("not an encoded path")
     return tuple(unescape(p).decode("utf-8") for p in enc[:-2].split(PATH_SEP))
+
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def json_path(parts: Sequence[str | int]) -> str:
+    """``["a", 3, "b"]`` -> ``$.a[3].b``: where in a document an error is (names that are not
+    identifiers are quoted, ``$["we.ird"]``)."""
+    out = ["$"]
+    for p in parts:
+        if isinstance(p, int):
+            out.append(f"[{p}]")
+        elif _IDENT.fullmatch(p):
+            out.append("." + p)
+        else:
+            out.append("[" + json.dumps(p, ensure_ascii=False) + "]")
+    return "".join(out)
 
 
 def split_path(path: str | Sequence[str]) -> tuple[str, ...]:

@@ -16,7 +16,6 @@ Flattening rules (docs/architecture.md repeats them):
 from __future__ import annotations
 
 import math
-import re
 from array import array
 from typing import Any
 
@@ -24,22 +23,6 @@ import orjson
 
 from rtindex import keys
 from rtindex.errors import SchemaError
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def path_str(parts: list) -> str:
-    """``["a", 3, "b"]`` -> ``$.a[3].b`` (names that are not identifiers are quoted)."""
-    out = ["$"]
-    for p in parts:
-        if isinstance(p, int):
-            out.append(f"[{p}]")
-        elif _IDENT.match(p):
-            out.append("." + p)
-        else:
-            out.append("[" + orjson.dumps(p).decode() + "]")
-    return "".join(out)
-
 
 class SegmentBuilder:
     """In-memory postings and column values of the newest rows of one shard."""
@@ -91,10 +74,10 @@ class SegmentBuilder:
 
     def _walk_object(self, obj, path, where, depth, in_array, terms, cols):
         if depth > self.max_depth:
-            raise SchemaError(f"nesting deeper than {self.max_depth} levels", path_str(where))
+            raise SchemaError(f"nesting deeper than {self.max_depth} levels", keys.json_path(where))
         for k, v in obj.items():
             if not isinstance(k, str):
-                raise SchemaError(f"object keys must be strings, not {type(k).__name__}", path_str(where))
+                raise SchemaError(f"object keys must be strings, not {type(k).__name__}", keys.json_path(where))
             self._walk_value(v, path + (k,), where + [k], depth, in_array, terms, cols, top=depth == 1)
 
     def _walk_value(self, v, path, where, depth, in_array, terms, cols, top=False):
@@ -102,7 +85,7 @@ class SegmentBuilder:
             try:
                 enc = keys.encode_string(v)
             except UnicodeEncodeError:
-                raise SchemaError("string is not valid UTF-8 (lone surrogate)", path_str(where)) from None
+                raise SchemaError("string is not valid UTF-8 (lone surrogate)", keys.json_path(where)) from None
             self._leaf(path, keys.STRING, enc, v, in_array, terms, cols)
         elif v is None:
             self._leaf(path, keys.NULL, b"", None, in_array, terms, cols)
@@ -110,12 +93,12 @@ class SegmentBuilder:
             self._leaf(path, keys.BOOL, b"\x01" if v else b"\x00", v, in_array, terms, cols)
         elif isinstance(v, int):
             if not keys.INT_MIN <= v <= keys.INT_MAX:
-                raise SchemaError("integer outside the signed 64-bit range", path_str(where))
+                raise SchemaError("integer outside the signed 64-bit range", keys.json_path(where))
             tag = keys.TIMESTAMP if top and path == ("_event_time",) else keys.INT
             self._leaf(path, tag, keys.encode_int(v), int(v), in_array, terms, cols)
         elif isinstance(v, float):
             if not math.isfinite(v):
-                raise SchemaError(f"non-finite number {v!r} (JSON has no NaN or Infinity)", path_str(where))
+                raise SchemaError(f"non-finite number {v!r} (JSON has no NaN or Infinity)", keys.json_path(where))
             v = v + 0.0  # -0.0 -> 0.0
             self._leaf(path, keys.FLOAT, keys.encode_float(v), v, in_array, terms, cols)
         elif isinstance(v, dict):
@@ -123,14 +106,14 @@ class SegmentBuilder:
             self._walk_object(v, path, where, depth + 1, in_array, terms, cols)
         elif isinstance(v, (list, tuple)):
             if depth + 1 > self.max_depth:
-                raise SchemaError(f"nesting deeper than {self.max_depth} levels", path_str(where))
+                raise SchemaError(f"nesting deeper than {self.max_depth} levels", keys.json_path(where))
             terms.append(keys.encode_path(path) + bytes((keys.ARRAY,)))
             for i, item in enumerate(v):
                 self._walk_value(item, path, where + [i], depth + 1, True, terms, cols)
             if not in_array:
                 cols.append((keys.encode_path(path) + bytes((keys.ARRAY,)), orjson.dumps(v).decode()))
         else:
-            raise SchemaError(f"unsupported value type {type(v).__name__}", path_str(where))
+            raise SchemaError(f"unsupported value type {type(v).__name__}", keys.json_path(where))
 
     @staticmethod
     def _leaf(path, tag, enc, value, in_array, terms, cols):

@@ -1,0 +1,140 @@
+# Declarations of the compiled mutable segment builder (implementation in _segment.pyx).
+from cpython.array cimport array
+from cpython.object cimport PyObject
+from libc.stdint cimport uint32_t, uint64_t
+
+from rtindex._ext._types cimport offset_t, term_id_t
+
+
+cdef enum:
+    PLIST_INLINE = 2  # a posting list of up to this many rows lives inside its PList
+
+
+cdef struct U32Vec:
+    uint32_t* data  # heap buffer (NULL until the first push)
+    size_t n  # entries in use
+    size_t cap  # entries allocated
+
+
+cdef union PData:
+    offset_t* heap  # heap buffer, when n > PLIST_INLINE (capacity: max(8, next power of 2))
+    offset_t inl[PLIST_INLINE]  # inline storage, when n <= PLIST_INLINE (most terms)
+
+
+cdef struct PList:
+    uint32_t n  # row offsets in use, strictly increasing (the capacity follows from n)
+    offset_t last  # the last offset (when n > 0): the once-per-row test reads no array
+    PData d  # the offsets
+
+
+cdef struct TEntry:
+    uint64_t key  # value key: encoded int/float/timestamp, 0/1 for bools, 0 for null and
+                  # markers, hash(str) for strings (then checked against the stored str)
+    uint32_t cid1  # column id + 1; 0 marks an empty slot
+    term_id_t tid  # term id: creation order, index of the per-term arrays
+    PyObject* sv  # (borrowed from _vals) the str of a STRING term, else NULL
+    PList pl  # the term's postings
+
+
+cdef struct Pending:
+    uint64_t key  # the term's TEntry.key
+    uint32_t cid  # its column id
+    PyObject* sv  # owned reference to the str of a STRING term, else NULL
+    Py_ssize_t vlen  # length of the encoded value (for nbytes)
+
+
+cdef struct Where:
+    const Where* up  # the enclosing container, NULL at the document root
+    PyObject* key  # object key of this value (borrowed), NULL for an array element
+    Py_ssize_t index  # array index of this value when key is NULL
+
+
+cdef class _Column:
+    cdef bytes key  # column key: encoded path + type tag (the prefix of every term below)
+    cdef int tag  # keys.NULL ... keys.OBJECT
+    cdef uint32_t cid  # column id: index in SegmentBuilder._cols
+    cdef U32Vec tids  # this column's term ids, in creation order
+    cdef U32Vec offs  # column store: row offsets of the values below
+    cdef list values  # column store: values of rows whose leaf is outside arrays
+
+
+cdef class _Node:
+    cdef bytes enc  # encoded path (ends with PATH_END); b"" for the document root
+    cdef dict children  # exact str key -> child _Node (the path-encoding cache)
+    cdef object key  # the key object this node was last reached by (identity fast path)
+    cdef _Node last_child  # the child created or looked up last
+    cdef PyObject* first_child  # (borrowed) the child walked first last time: the prediction
+    cdef PyObject* next_sib  # (borrowed) the sibling walked after this node last time
+    cdef bint is_event_time  # the top-level `_event_time` path (ints become TIMESTAMP)
+    cdef _Column c_null  # columns of this path, one per type tag, None until first used
+    cdef _Column c_bool
+    cdef _Column c_int
+    cdef _Column c_float
+    cdef _Column c_str
+    cdef _Column c_ts
+    cdef _Column c_arr
+    cdef _Column c_obj
+
+
+cdef class SegmentBuilder:
+    cdef object _max_depth_obj  # max_depth as given (used in error messages)
+    cdef Py_ssize_t _max_depth  # max_depth clamped to Py_ssize_t (used in comparisons)
+    cdef _Node _root  # root of the path tree
+    cdef Pending* _pend  # scratch: terms of the row being added, in walk order (then resolved)
+    cdef size_t _n_pend  # entries of _pend in use
+    cdef size_t _cap_pend  # entries of _pend allocated
+    cdef TEntry* _table  # open-addressing (linear probing) term table: (column, key) -> term
+    cdef size_t _mask  # table slots - 1 (slots: a power of two)
+    cdef size_t _count  # occupied slots (== _n_terms)
+    cdef uint64_t* _tid_key  # term id -> TEntry.key (to find a term's slot again)
+    cdef uint32_t* _tid_cid  # term id -> column id
+    cdef Py_ssize_t _n_terms  # distinct terms
+    cdef Py_ssize_t _cap_terms  # entries of _tid_key / _tid_cid allocated
+    cdef list _vals  # term id -> value (the str of a STRING term; None or the value otherwise)
+    cdef list _cols  # column id -> _Column
+    cdef dict _colobjs  # column key -> _Column (including ones without any term yet)
+    cdef list _colkeys  # column keys with at least one term, in first-term order
+    cdef Py_ssize_t _n  # rows added
+    cdef Py_ssize_t _nbytes  # approximate memory held
+    cdef offset_t _off  # offset of the row being added
+    cdef U32Vec _doc_terms  # scratch: term ids that got a posting for the row being added
+    cdef PyObject** _doc_cols  # scratch: columns (borrowed) that got a value for that row
+    cdef size_t _n_doc_cols  # entries of _doc_cols in use
+    cdef size_t _cap_doc_cols  # entries of _doc_cols allocated
+    cdef bint _busy  # inside add(): guards against re-entry (e.g. from another thread)
+    cdef Py_ssize_t _fail_at  # tests: MemoryError before resolving queued term n (-1: never)
+
+    cdef TEntry* _find(self, uint32_t cid, uint64_t key, str sv)
+    cdef TEntry* _find_tid(self, Py_ssize_t tid)
+    cdef TEntry* _insert(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except NULL
+    cdef int _grow_table(self) except -1
+    cdef void _delete_slot(self, size_t i) noexcept
+    cdef int _queue(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except -1
+    cdef int _commit(self) except -1
+    cdef void _release_pending(self) noexcept
+    cdef int _post(self, TEntry* e) except -1
+    cdef int _col_add(self, _Column col, object value) except -1
+    cdef bytes _term_bytes(self, Py_ssize_t tid)
+    cdef Py_ssize_t _term_id(self, bytes term) except -2
+    cdef array _postings_copy(self, Py_ssize_t tid, uint64_t limit)
+    cdef _Node _lookup_child(self, _Node parent, object key)
+    cdef _Node _new_child(self, _Node parent, object key)
+    cdef _Node _child(self, _Node parent, object key)
+    cdef _Column _new_column(self, _Node node, int tag)
+    cdef int _walk_object(self, object obj, _Node node, const Where* where, Py_ssize_t depth,
+                          bint in_array) except -1
+    cdef int _walk_value(self, object v, _Node parent, object key, _Node node,
+                         const Where* where, Py_ssize_t depth, bint in_array) except -1
+    cdef int _walk_container(self, object v, _Node parent, object key, _Node node,
+                             const Where* where, Py_ssize_t depth, bint in_array) except -1
+    cdef int _walk_array(self, object v, _Node parent, object key, _Node node,
+                         const Where* where, Py_ssize_t depth, bint in_array) except -1
+    cdef int _leaf_str(self, str v, object colval, _Node parent, object key, _Node node,
+                       const Where* where, bint in_array) except -1
+    cdef int _leaf_int(self, object v, _Node parent, object key, _Node node,
+                       const Where* where, Py_ssize_t depth, bint in_array) except -1
+    cdef int _leaf_float(self, object v, _Node parent, object key, _Node node,
+                         const Where* where, bint in_array) except -1
+    cdef int _leaf_fixed(self, object v, int tag, _Node parent, object key, _Node node,
+                         bint in_array) except -1
+    cdef int _rollback(self, Py_ssize_t n_terms_before, Py_ssize_t nbytes_before) except -1

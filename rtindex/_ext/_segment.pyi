@@ -1,0 +1,30 @@
+"""Type stub of the compiled mutable segment builder (twin of rtindex._py.segment)."""
+
+from array import array
+from typing import Any
+
+class SegmentBuilder:
+    """In-memory postings and column values of the newest rows of one shard."""
+
+    max_depth: int
+    def __init__(self, max_depth: int = 64) -> None: ...
+    @property
+    def n_rows(self) -> int:
+        """Rows added so far."""
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held (term bytes + 4 per posting entry + column values)."""
+    def add(self, doc: dict[str, Any]) -> int:
+        """Index ``doc`` as the next row; returns its offset. All or nothing on SchemaError."""
+    def postings(self, term: bytes, limit: int) -> array:
+        """Offsets (< ``limit``) of the rows holding ``term``, increasing; a new array('I')."""
+    def column_terms(self, column_key: bytes) -> list[bytes]:
+        """Every distinct term of one column key (path + type), in no particular order."""
+    def column_keys(self) -> list[bytes]:
+        """Column keys (path + type) that have at least one term, in first-term order."""
+    def sorted_postings(self) -> list[tuple[bytes, array]]:
+        """All (term, offsets) pairs sorted by term: what a seal writes."""
+    def columns(self) -> list[tuple[bytes, array, list[Any]]]:
+        """(column key, offsets, values) for every column, sorted by column key."""
+    def _test_fail_commit_at(self, n: int) -> None:
+        """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term."""

@@ -1,0 +1,1273 @@
+"""Compiled mutable segment builder: the same results as ``rtindex/_py/segment.py``, faster.
+
+``rtindex/_py/segment.py`` is the contract (its docstring states the flattening rules); the
+tests compare the two on generated documents, byte for byte, including error messages.
+
+Where the time goes, and what is done about it (a ~60-field event has ~70 terms, a third of
+them new in a high-cardinality stream):
+
+- paths are a tree of ``_Node`` objects keyed by the (exact ``str``) object key, so a path is
+  encoded once per segment, not once per document. Members usually come in the order of the
+  previous document, so each node predicts its next sibling and confirms the prediction by
+  key identity (orjson reuses key objects): most members cost no dict lookup at all;
+- terms live in one open-addressing C hash table keyed by (column id, 64-bit value key):
+  ints, floats and timestamps are keyed by their 8-byte encoding (exact, no compare), strings
+  by ``hash(str)`` and then compared with the stored str. The posting list sits inside the
+  table entry, so an existing term costs one cache miss, not the three or four of a dict of
+  terms plus a separate posting array;
+- term *bytes* are not built while indexing: a term keeps its column and value, and the
+  bytes are made when read (``sorted_postings`` at seal time, ``column_terms``, ``postings``);
+- a posting list of one or two rows is stored inline in the entry (most high-cardinality
+  terms), longer ones in a heap block grown by doubling;
+- ``add`` works in two phases. The walk validates every value, fills the column store and
+  queues the document's terms, prefetching their table slots; then ``_commit`` resolves the
+  queue in walk order, by when the slots (a cache miss each in a large table) have arrived
+  together instead of one after another. A SchemaError can only come from the walk, before
+  any term is touched; whatever fails, ``_rollback`` undoes what the document added
+  (postings ending with its offset, the terms it created, column values): all or nothing.
+
+Not thread-safe, like the reference: one writer at a time, readers between ``add`` calls
+(``rtindex.shard`` holds a lock around both). Nothing here releases the GIL: copying a
+posting list is a memcpy of at most a few MB, and a reader without the GIL would race with
+a writer that moves the table.
+"""
+
+cimport cython
+from cpython.array cimport array, clone
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItemWithError, PyDict_Next
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject, PyObject_Hash
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_AsUTF8String, PyUnicode_FromObject
+from libc.math cimport isfinite, signbit
+from libc.stdint cimport uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, qsort, realloc
+from libc.string cimport memchr, memcpy, memset
+
+from rtindex._ext._types cimport offset_t, term_id_t
+
+import os
+
+from operator import index as _index
+
+from orjson import dumps as _dumps
+
+from rtindex.errors import SchemaError
+from rtindex.keys import json_path
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
+    int Py_EnterRecursiveCall(const char* where)
+    void Py_LeaveRecursiveCall()
+    const Py_ssize_t PY_SSIZE_T_MAX
+    void PyObject_GC_UnTrack(object o)
+    # Two exact str cannot fail. Declared nogil only to be usable in a qsort comparator,
+    # which runs with the GIL held.
+    int _ucmp "PyUnicode_Compare"(PyObject* a, PyObject* b) nogil
+    # Renamed so that Cython does not add its own error check: callers test the result.
+    int _list_append "PyList_Append"(object lst, object item)
+
+cdef extern from *:
+    """
+    #define RT_GOLDEN 0x9E3779B97F4A7C15ULL
+    #define RT_MIX1 0xBF58476D1CE4E5B9ULL
+    #define RT_MIX2 0x94D049BB133111EBULL
+    #define RT_SIGN 0x8000000000000000ULL
+    #define rt_prefetch(p) __builtin_prefetch(p)
+    """
+    void rt_prefetch(const void* p) noexcept nogil
+    const uint64_t RT_GOLDEN
+    const uint64_t RT_MIX1
+    const uint64_t RT_MIX2
+    const uint64_t RT_SIGN
+
+# Type tags: the same numbers as rtindex.keys (part of the on-disk format).
+cdef enum:
+    NULL_TAG = 0x01
+    BOOL_TAG = 0x02
+    INT_TAG = 0x03
+    FLOAT_TAG = 0x04
+    STRING_TAG = 0x05
+    TIMESTAMP_TAG = 0x06
+    ARRAY_TAG = 0x07
+    OBJECT_TAG = 0x08
+
+cdef enum:
+    # Below this depth (the default max_depth is 64) the walk skips the recursion check.
+    RECURSION_CHECK_FROM = 100
+    # Initial term-table slots (a power of two); the table doubles at 5/8 load.
+    TABLE_MIN = 1024
+
+cdef offset_t MAX_ROWS = 0xFFFFFFFF  # offsets and term ids are uint32
+cdef uint64_t NO_LIMIT = 0x100000000  # above every offset
+cdef array _U32 = array("I")  # template for clone(); typecode "I" is 4 bytes here
+cdef object _ZERO = 0.0  # the column value of -0.0, like the reference's `v + 0.0`
+# Secret per process, so that crafted ints cannot be made to collide in the term table.
+cdef uint64_t _SEED = int.from_bytes(os.urandom(8), "little")
+
+assert _U32.itemsize == sizeof(offset_t), "array('I') must hold 32-bit items"
+
+
+
+# ---------------------------------------------------------------- C helpers
+
+
+cdef void* safe_realloc(void* p, size_t count, size_t size) except NULL:
+    """``realloc(p, count * size)``; MemoryError (``p`` untouched) when it fails or overflows."""
+    cdef void* q
+    if size != 0 and count > (<size_t>-1) / size:
+        raise MemoryError("allocation size overflow")
+    q = realloc(p, count * size if count else 1)
+    if q == NULL:
+        raise MemoryError()
+    return q
+
+
+cdef inline int u32_reserve(U32Vec* v, size_t extra) except -1:
+    """Room for ``extra`` more entries in ``v``."""
+    cdef size_t cap
+    if v.n + extra <= v.cap:
+        return 0
+    cap = v.cap * 2 if v.cap else 16
+    while cap < v.n + extra:
+        cap *= 2
+    v.data = <uint32_t*>safe_realloc(v.data, cap, sizeof(uint32_t))
+    v.cap = cap
+    return 0
+
+
+cdef inline offset_t* plist_data(PList* p) noexcept nogil:
+    return &p.d.inl[0] if p.n <= PLIST_INLINE else p.d.heap
+
+
+cdef int plist_push(PList* p, offset_t off) except -1:
+    """Append ``off``. The capacity is implied by ``n``: PLIST_INLINE inline, then 8, 16, ..."""
+    cdef offset_t* heap
+    cdef uint32_t n = p.n
+    if n == PLIST_INLINE:  # inline storage is full: move to the heap
+        heap = <offset_t*>safe_realloc(NULL, 8, sizeof(offset_t))
+        memcpy(heap, &p.d.inl[0], n * sizeof(offset_t))
+        p.d.heap = heap
+    elif n >= 8 and (n & (n - 1)) == 0:  # a full power of two: double
+        if n == 0x80000000:
+            raise OverflowError("a posting list holds at most 2**31 rows")
+        p.d.heap = <offset_t*>safe_realloc(p.d.heap, <size_t>n * 2, sizeof(offset_t))
+    if n < PLIST_INLINE:
+        p.d.inl[n] = off
+    else:
+        p.d.heap[n] = off
+    p.n = n + 1
+    p.last = off
+    return 0
+
+
+cdef inline void plist_pop(PList* p) noexcept nogil:
+    """Drop the last offset (``p.n > 0``)."""
+    cdef offset_t* heap
+    p.n -= 1
+    if p.n == PLIST_INLINE:  # back to inline storage
+        heap = p.d.heap
+        p.d.inl[0] = heap[0]
+        p.d.inl[1] = heap[1]
+        free(heap)
+    if p.n:
+        p.last = plist_data(p)[p.n - 1]
+
+
+cdef inline void plist_free(PList* p) noexcept nogil:
+    if p.n > PLIST_INLINE:
+        free(p.d.heap)
+    p.n = 0
+
+
+cdef inline Py_ssize_t lower_bound(const offset_t* a, Py_ssize_t n, uint64_t x) noexcept nogil:
+    """Number of entries of the increasing ``a[:n]`` that are ``< x``."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    if n == 0 or a[n - 1] < x:
+        return n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline uint64_t mix(uint64_t key, uint32_t cid1) noexcept nogil:
+    """Slot hash of (column, key): splitmix64's finalizer."""
+    cdef uint64_t z = (key ^ _SEED) + <uint64_t>cid1 * RT_GOLDEN
+    z = (z ^ (z >> 30)) * RT_MIX1
+    z = (z ^ (z >> 27)) * RT_MIX2
+    return z ^ (z >> 31)
+
+
+cdef inline void put_be64(char* out, uint64_t bits) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        out[i] = <char>((bits >> (56 - 8 * i)) & 0xFF)
+
+
+cdef inline uint64_t get_be64(const unsigned char* b) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | b[i]
+    return v
+
+
+cdef bint has_surrogate(str s) noexcept:
+    """Whether ``s`` holds a surrogate code point (which UTF-8 cannot encode)."""
+    cdef int kind = PyUnicode_KIND(s)
+    cdef Py_ssize_t i, n
+    cdef const uint16_t* d2
+    cdef const uint32_t* d4
+    if kind == 1:
+        return False
+    n = PyUnicode_GET_LENGTH(s)
+    if kind == 2:
+        d2 = <const uint16_t*>PyUnicode_DATA(s)
+        for i in range(n):
+            if 0xD800 <= d2[i] <= 0xDFFF:
+                return True
+        return False
+    d4 = <const uint32_t*>PyUnicode_DATA(s)
+    for i in range(n):
+        if 0xD800 <= d4[i] <= 0xDFFF:
+            return True
+    return False
+
+
+cdef bytes escaped_concat(bytes prefix, bint path_sep, const char* val, Py_ssize_t n):
+    """``prefix + escape(val) + b"\\x00\\x00"`` in one allocation.
+
+    With ``path_sep`` the prefix is an encoded path whose PATH_END (0x00 0x00) becomes a
+    PATH_SEP (0x00 0x01): the encoded path of a child.
+    """
+    cdef Py_ssize_t plen = PyBytes_GET_SIZE(prefix), nz = 0, i, j
+    cdef const char* p = val
+    cdef const char* end = val + n
+    cdef bytes out
+    cdef char* buf
+    while p < end:
+        p = <const char*>memchr(p, 0, end - p)
+        if p == NULL:
+            break
+        nz += 1
+        p += 1
+    out = PyBytes_FromStringAndSize(NULL, plen + n + nz + 2)
+    buf = PyBytes_AS_STRING(out)
+    memcpy(buf, PyBytes_AS_STRING(prefix), plen)
+    if path_sep:
+        buf[plen - 1] = 0x01
+    j = plen
+    if nz == 0:
+        memcpy(buf + j, val, n)
+        j += n
+    else:
+        for i in range(n):
+            buf[j] = val[i]
+            j += 1
+            if val[i] == 0:
+                buf[j] = <char>0xFF
+                j += 1
+    buf[j] = 0
+    buf[j + 1] = 0
+    return out
+
+
+cdef bytes fixed_concat(bytes prefix, const char* val, Py_ssize_t n):
+    """``prefix + val[:n]`` in one allocation."""
+    cdef Py_ssize_t plen = PyBytes_GET_SIZE(prefix)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, plen + n)
+    cdef char* buf = PyBytes_AS_STRING(out)
+    memcpy(buf, PyBytes_AS_STRING(prefix), plen)
+    if n:
+        memcpy(buf + plen, val, n)
+    return out
+
+
+cdef object utf8(str s, const char** out, Py_ssize_t* n):
+    """Point ``out`` at the UTF-8 of the exact str ``s``; returns the object that owns it.
+
+    ASCII strings are their own UTF-8 (no copy, nothing cached on ``s``); others are
+    encoded to a temporary bytes (a lone surrogate raises UnicodeEncodeError, exactly
+    like ``s.encode("utf-8")``).
+    """
+    cdef bytes b
+    if PyUnicode_IS_ASCII(s):
+        out[0] = PyUnicode_AsUTF8AndSize(s, n)
+        return s
+    b = PyUnicode_AsUTF8String(s)
+    out[0] = PyBytes_AS_STRING(b)
+    n[0] = PyBytes_GET_SIZE(b)
+    return b
+
+
+cdef struct SortRec:
+    uint32_t rank  # position of the term's column key in sorted order
+    uint64_t key  # numeric terms: TEntry.key; strings: their first 8 UTF-8 bytes (big-endian)
+    PyObject* sv  # the str of a STRING term (borrowed), else NULL
+    PList pl  # copy of the entry's posting list (a heap block stays the entry's)
+
+
+cdef int cmp_rec(const void* a, const void* b) noexcept nogil:
+    """Term order: column key, then value (numeric key, or str by code point = UTF-8 bytes)."""
+    cdef const SortRec* x = <const SortRec*>a
+    cdef const SortRec* y = <const SortRec*>b
+    if x.rank != y.rank:
+        return -1 if x.rank < y.rank else 1
+    if x.key != y.key:
+        return -1 if x.key < y.key else 1
+    if x.sv != NULL:  # same 8-byte prefix: compare the strings
+        return _ucmp(x.sv, y.sv)
+    return 0
+
+
+cdef uint64_t utf8_prefix(str s) noexcept:
+    """The first 8 bytes of ``s``'s UTF-8, zero-padded, as a big-endian number.
+
+    Ordered like the strings whenever two prefixes differ (UTF-8 keeps code point order).
+    """
+    cdef int kind = PyUnicode_KIND(s)
+    cdef const void* data = PyUnicode_DATA(s)
+    cdef Py_ssize_t i, n = PyUnicode_GET_LENGTH(s)
+    cdef uint64_t out = 0
+    cdef int nb = 0, k, m
+    cdef uint32_t c
+    cdef unsigned char enc[4]
+    for i in range(n):
+        if kind == 1:
+            c = (<const unsigned char*>data)[i]
+        elif kind == 2:
+            c = (<const uint16_t*>data)[i]
+        else:
+            c = (<const uint32_t*>data)[i]
+        if c < 0x80:
+            enc[0] = c
+            m = 1
+        elif c < 0x800:
+            enc[0] = 0xC0 | (c >> 6)
+            enc[1] = 0x80 | (c & 0x3F)
+            m = 2
+        elif c < 0x10000:
+            enc[0] = 0xE0 | (c >> 12)
+            enc[1] = 0x80 | ((c >> 6) & 0x3F)
+            enc[2] = 0x80 | (c & 0x3F)
+            m = 3
+        else:
+            enc[0] = 0xF0 | (c >> 18)
+            enc[1] = 0x80 | ((c >> 12) & 0x3F)
+            enc[2] = 0x80 | ((c >> 6) & 0x3F)
+            enc[3] = 0x80 | (c & 0x3F)
+            m = 4
+        for k in range(m):
+            if nb == 8:
+                return out
+            out = (out << 8) | enc[k]
+            nb += 1
+    if nb == 0:
+        return 0
+    return out << (8 * (8 - nb)) if nb < 8 else out
+
+
+cdef array vec_array(const U32Vec* v):
+    """A new ``array('I')`` holding a copy of ``v``'s entries."""
+    cdef size_t n = v.n
+    cdef array out = clone(_U32, n, False)
+    if n:
+        memcpy(out.data.as_uints, v.data, n * sizeof(uint32_t))
+    return out
+
+
+cdef str where_str(const Where* where):
+    """The JSON path of ``where`` (only computed when raising)."""
+    parts = []
+    while where != NULL:
+        parts.append(<object>where.key if where.key != NULL else where.index)
+        where = where.up
+    parts.reverse()
+    return json_path(parts)
+
+
+cdef inline int nesting_error(SegmentBuilder b, const Where* where) except -1:
+    raise SchemaError(f"nesting deeper than {b._max_depth_obj} levels", where_str(where))
+
+
+# ---------------------------------------------------------------- path tree
+
+
+@cython.final
+cdef class _Column:
+    """One (path, type tag): its terms and its column store."""
+
+    def __cinit__(self):
+        self.values = []
+
+    def __dealloc__(self):
+        if self.tids.data != NULL:
+            free(self.tids.data)
+            self.tids.data = NULL
+        if self.offs.data != NULL:
+            free(self.offs.data)
+            self.offs.data = NULL
+
+
+@cython.final
+cdef class _Node:
+    """One field path: its encoding, children and columns."""
+
+    def __cinit__(self):
+        self.children = {}
+
+
+# ---------------------------------------------------------------- the builder
+
+
+@cython.final
+@cython.no_gc_clear  # table entries borrow strs from _vals: keep it until __dealloc__
+cdef class SegmentBuilder:
+    """In-memory postings and column values of the newest rows of one shard.
+
+    Compiled twin of ``rtindex._py.segment.SegmentBuilder``: same methods, same results.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._root = _Node()
+        self._root.enc = b""
+        self._table = <TEntry*>safe_realloc(NULL, TABLE_MIN, sizeof(TEntry))
+        memset(self._table, 0, TABLE_MIN * sizeof(TEntry))
+        self._mask = TABLE_MIN - 1
+        self._vals = []
+        self._cols = []
+        self._colobjs = {}
+        self._colkeys = []
+        self._fail_at = -1
+
+    def __init__(self, max_depth=64):
+        self.max_depth = max_depth
+
+    def __dealloc__(self):
+        cdef size_t i
+        if self._table != NULL:
+            for i in range(self._mask + 1):
+                if self._table[i].cid1:
+                    plist_free(&self._table[i].pl)
+            free(self._table)
+            self._table = NULL
+        if self._tid_key != NULL:
+            free(self._tid_key)
+            self._tid_key = NULL
+        if self._tid_cid != NULL:
+            free(self._tid_cid)
+            self._tid_cid = NULL
+        if self._doc_terms.data != NULL:
+            free(self._doc_terms.data)
+            self._doc_terms.data = NULL
+        if self._doc_cols != NULL:
+            free(self._doc_cols)
+            self._doc_cols = NULL
+        if self._pend != NULL:
+            self._release_pending()
+            free(self._pend)
+            self._pend = NULL
+
+    @property
+    def max_depth(self):
+        """Deepest nesting accepted (the document root is level 1)."""
+        return self._max_depth_obj
+
+    @max_depth.setter
+    def max_depth(self, value):
+        cdef int overflow = 0
+        cdef long long d = PyLong_AsLongLongAndOverflow(_index(value), &overflow)
+        if overflow > 0 or d > <long long>PY_SSIZE_T_MAX:
+            self._max_depth = PY_SSIZE_T_MAX
+        elif overflow < 0 or d < -<long long>PY_SSIZE_T_MAX:
+            self._max_depth = -PY_SSIZE_T_MAX
+        else:
+            self._max_depth = <Py_ssize_t>d
+        self._max_depth_obj = value
+
+    @property
+    def n_rows(self):
+        """Rows added so far."""
+        return self._n
+
+    @property
+    def nbytes(self):
+        """Approximate memory held (term bytes + 4 per posting entry + column values)."""
+        return self._nbytes
+
+    # ------------------------------------------------------------ add
+
+    def add(self, doc):
+        """Index ``doc`` as the next row; returns its offset. All or nothing on SchemaError."""
+        cdef Py_ssize_t n_terms_before, nbytes_before
+        if type(doc) is not dict and not isinstance(doc, dict):
+            raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
+        if self._busy:
+            raise RuntimeError("SegmentBuilder.add() re-entered: a builder has one writer")
+        if self._n >= MAX_ROWS:
+            raise OverflowError("a segment holds at most 2**32 - 1 rows: seal it first")
+        self._busy = True
+        self._off = <offset_t>self._n
+        self._doc_terms.n = 0
+        self._n_doc_cols = 0
+        n_terms_before = self._n_terms
+        nbytes_before = self._nbytes
+        try:
+            self._walk_object(doc, self._root, NULL, 1, False)
+            self._commit()
+        except BaseException:
+            self._rollback(n_terms_before, nbytes_before)
+            raise
+        finally:
+            self._release_pending()
+            self._busy = False
+        self._n += 1
+        return self._n - 1
+
+    cdef int _rollback(self, Py_ssize_t n_terms_before, Py_ssize_t nbytes_before) except -1:
+        """Undo what the row being added changed (it raised): the builder is as before."""
+        cdef size_t i
+        cdef Py_ssize_t tid
+        cdef TEntry* e
+        cdef _Column col
+        cdef offset_t off = self._off
+        # Postings: each term got at most one entry for this row, the last one.
+        for i in range(self._doc_terms.n):
+            e = self._find_tid(self._doc_terms.data[i])
+            if e.pl.n and e.pl.last == off:
+                plist_pop(&e.pl)
+        self._doc_terms.n = 0
+        # Terms created by this row, newest first.
+        tid = self._n_terms - 1
+        while tid >= n_terms_before:
+            e = self._find_tid(tid)
+            plist_free(&e.pl)
+            col = <_Column>self._cols[self._tid_cid[tid]]
+            col.tids.n -= 1
+            if col.tids.n == 0:
+                self._colkeys.pop()
+            self._delete_slot(<size_t>(e - self._table))
+            tid -= 1
+        del self._vals[n_terms_before:]
+        self._n_terms = n_terms_before
+        # Column values, newest first.
+        while self._n_doc_cols:
+            self._n_doc_cols -= 1
+            col = <_Column>self._doc_cols[self._n_doc_cols]
+            col.offs.n -= 1
+            col.values.pop()
+        self._nbytes = nbytes_before
+        return 0
+
+    # ------------------------------------------------------------ the term table
+
+    cdef TEntry* _find(self, uint32_t cid, uint64_t key, str sv):
+        """The entry of (column ``cid``, ``key``), or NULL. ``sv``: the str of a STRING term."""
+        cdef uint32_t cid1 = cid + 1
+        cdef size_t mask = self._mask
+        cdef size_t i = mix(key, cid1) & mask
+        cdef TEntry* e
+        while True:
+            e = &self._table[i]
+            if e.cid1 == 0:
+                return NULL
+            if e.cid1 == cid1 and e.key == key:
+                if sv is None or e.sv == <PyObject*>sv or (<str>e.sv) == sv:
+                    return e
+            i = (i + 1) & mask
+
+    cdef TEntry* _find_tid(self, Py_ssize_t tid):
+        """The entry of term ``tid`` (which exists)."""
+        cdef uint32_t cid1 = self._tid_cid[tid] + 1
+        cdef size_t mask = self._mask
+        cdef size_t i = mix(self._tid_key[tid], cid1) & mask
+        while self._table[i].tid != tid or self._table[i].cid1 != cid1:
+            i = (i + 1) & mask
+        return &self._table[i]
+
+    cdef int _grow_table(self) except -1:
+        """Double the table (rehashing from the stored keys: no Python object is touched)."""
+        cdef size_t old_slots = self._mask + 1, slots = old_slots * 2, mask = slots - 1, i, j
+        cdef TEntry* old = self._table
+        cdef TEntry* new = <TEntry*>safe_realloc(NULL, slots, sizeof(TEntry))
+        memset(new, 0, slots * sizeof(TEntry))
+        for i in range(old_slots):
+            if old[i].cid1:
+                j = mix(old[i].key, old[i].cid1) & mask
+                while new[j].cid1:
+                    j = (j + 1) & mask
+                new[j] = old[i]
+        self._table = new
+        self._mask = mask
+        free(old)
+        return 0
+
+    cdef void _delete_slot(self, size_t i) noexcept:
+        """Empty slot ``i``, shifting later entries of its probe run back (no tombstones)."""
+        cdef size_t mask = self._mask, j = i, k
+        cdef TEntry* t = self._table
+        while True:
+            j = (j + 1) & mask
+            if t[j].cid1 == 0:
+                break
+            k = mix(t[j].key, t[j].cid1) & mask
+            # The entry at j may fill the hole at i unless its home k lies cyclically in (i, j].
+            if (i <= j and i < k <= j) or (i > j and (i < k or k <= j)):
+                continue
+            t[i] = t[j]
+            i = j
+        t[i].cid1 = 0
+        self._count -= 1
+
+    cdef TEntry* _insert(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except NULL:
+        """Create the term (``col``, ``key``); ``sv``: the str of a STRING term, else None."""
+        cdef Py_ssize_t tid = self._n_terms, cap
+        cdef uint32_t cid1 = col.cid + 1
+        cdef size_t i, mask
+        cdef TEntry* e
+        if tid >= <Py_ssize_t>MAX_ROWS:
+            raise OverflowError("a segment holds at most 2**32 - 1 distinct terms: seal it first")
+        if (self._count + 1) * 8 > (self._mask + 1) * 5:
+            self._grow_table()
+        if tid == self._cap_terms:
+            cap = self._cap_terms * 2 if self._cap_terms else 1024
+            self._tid_key = <uint64_t*>safe_realloc(self._tid_key, cap, sizeof(uint64_t))
+            self._tid_cid = <uint32_t*>safe_realloc(self._tid_cid, cap, sizeof(uint32_t))
+            self._cap_terms = cap
+        u32_reserve(&col.tids, 1)
+        if _list_append(self._vals, sv) < 0:
+            return NULL
+        if col.tids.n == 0 and _list_append(self._colkeys, col.key) < 0:
+            self._vals.pop()
+            return NULL
+        # Nothing below can fail.
+        mask = self._mask
+        i = mix(key, cid1) & mask
+        while self._table[i].cid1:
+            i = (i + 1) & mask
+        e = &self._table[i]
+        e.key = key
+        e.cid1 = cid1
+        e.tid = <term_id_t>tid
+        e.sv = NULL if sv is None else <PyObject*>sv
+        e.pl.n = 0
+        e.pl.last = 0
+        self._tid_key[tid] = key
+        self._tid_cid[tid] = col.cid
+        col.tids.data[col.tids.n] = <uint32_t>tid
+        col.tids.n += 1
+        self._count += 1
+        self._n_terms = tid + 1
+        self._nbytes += PyBytes_GET_SIZE(col.key) + vlen + 64
+        return e
+
+    cdef int _queue(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except -1:
+        """Queue the term (``col``, ``key``) of the current row; prefetch its table slot.
+
+        Terms are resolved by ``_commit`` once the walk succeeded: by then the slots (one
+        cache miss each in a large table) have arrived in parallel, not one after another.
+        """
+        cdef Pending* p
+        cdef size_t cap
+        if self._n_pend == self._cap_pend:
+            cap = self._cap_pend * 2 if self._cap_pend else 128
+            self._pend = <Pending*>safe_realloc(self._pend, cap, sizeof(Pending))
+            self._cap_pend = cap
+        p = &self._pend[self._n_pend]
+        p.key = key
+        p.cid = col.cid
+        p.vlen = vlen
+        if sv is None:
+            p.sv = NULL
+        else:
+            Py_INCREF(sv)
+            p.sv = <PyObject*>sv
+        self._n_pend += 1
+        rt_prefetch(&self._table[mix(key, col.cid + 1) & self._mask])
+        return 0
+
+    cdef int _commit(self) except -1:
+        """Resolve the queued terms in walk order (creating new ones) and post the row."""
+        cdef size_t i, j, mask = self._mask
+        cdef Pending* p
+        cdef TEntry* e
+        cdef uint32_t cid1
+        # Prefetch the stored str of each string term's likely slot, so that the compares
+        # below do not wait for them one by one.
+        for i in range(self._n_pend):
+            p = &self._pend[i]
+            if p.sv != NULL:
+                cid1 = p.cid + 1
+                j = mix(p.key, cid1) & mask
+                while self._table[j].cid1:
+                    if self._table[j].cid1 == cid1 and self._table[j].key == p.key:
+                        rt_prefetch(self._table[j].sv)
+                        break
+                    j = (j + 1) & mask
+        for i in range(self._n_pend):
+            if <Py_ssize_t>i == self._fail_at:
+                raise MemoryError("injected by _test_fail_commit_at()")
+            p = &self._pend[i]
+            sv = None if p.sv == NULL else <str>p.sv
+            e = self._find(p.cid, p.key, sv)
+            if e == NULL:
+                e = self._insert(<_Column>PyList_GET_ITEM(self._cols, p.cid), p.key, sv, p.vlen)
+            self._post(e)
+        return 0
+
+    cdef void _release_pending(self) noexcept:
+        cdef size_t i
+        for i in range(self._n_pend):
+            if self._pend[i].sv != NULL:
+                Py_DECREF(<object>self._pend[i].sv)
+        self._n_pend = 0
+
+    cdef int _post(self, TEntry* e) except -1:
+        """Add the current row to ``e``'s postings (once per row)."""
+        if e.pl.n and e.pl.last == self._off:
+            return 0
+        u32_reserve(&self._doc_terms, 1)
+        plist_push(&e.pl, self._off)
+        self._doc_terms.data[self._doc_terms.n] = e.tid
+        self._doc_terms.n += 1
+        self._nbytes += 4
+        return 0
+
+    cdef int _col_add(self, _Column col, object value) except -1:
+        """Append ``value`` to ``col``'s column store for the current row."""
+        cdef size_t cap
+        if self._n_doc_cols == self._cap_doc_cols:
+            cap = self._cap_doc_cols * 2 if self._cap_doc_cols else 64
+            self._doc_cols = <PyObject**>safe_realloc(self._doc_cols, cap, sizeof(PyObject*))
+            self._cap_doc_cols = cap
+        u32_reserve(&col.offs, 1)
+        if _list_append(col.values, value) < 0:
+            return -1
+        col.offs.data[col.offs.n] = self._off
+        col.offs.n += 1
+        self._doc_cols[self._n_doc_cols] = <PyObject*>col
+        self._n_doc_cols += 1
+        if isinstance(value, str):
+            self._nbytes += 16 + PyUnicode_GET_LENGTH(value)
+        else:
+            self._nbytes += 16 + 8
+        return 0
+
+    cdef bytes _term_bytes(self, Py_ssize_t tid):
+        """The encoded term ``tid``: column key + encoded value."""
+        cdef _Column col = <_Column>self._cols[self._tid_cid[tid]]
+        cdef int tag = col.tag
+        cdef char buf[8]
+        cdef const char* s
+        cdef Py_ssize_t n
+        if tag == STRING_TAG:
+            owner = utf8(<str>PyList_GET_ITEM(self._vals, tid), &s, &n)
+            return escaped_concat(col.key, False, s, n)
+        if tag == INT_TAG or tag == FLOAT_TAG or tag == TIMESTAMP_TAG:
+            put_be64(buf, self._tid_key[tid])
+            return fixed_concat(col.key, buf, 8)
+        if tag == BOOL_TAG:
+            buf[0] = <char>self._tid_key[tid]
+            return fixed_concat(col.key, buf, 1)
+        return col.key
+
+    cdef Py_ssize_t _term_id(self, bytes term) except -2:
+        """The id of the term whose encoding is exactly ``term``, or -1."""
+        cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(term)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(term), i = 0, end, vn, nz
+        cdef const unsigned char* q
+        cdef const unsigned char* v
+        cdef _Column col
+        cdef TEntry* e
+        cdef int tag
+        while True:  # the path ends at the first 0x00 0x00 (0x00 0xFF and 0x00 0x01 pair up)
+            q = <const unsigned char*>memchr(p + i, 0, n - i) if i < n else NULL
+            if q == NULL or q - p + 1 >= n:
+                return -1
+            if q[1] == 0:
+                end = q - p + 2
+                break
+            i = q - p + 2
+        if end >= n:
+            return -1
+        col = self._colobjs.get(term[:end + 1])
+        if col is None:
+            return -1
+        tag = col.tag
+        v = p + end + 1
+        vn = n - end - 1
+        if tag == STRING_TAG:
+            if vn < 2 or v[vn - 2] != 0 or v[vn - 1] != 0:
+                return -1
+            # escape() output: every 0x00 of the body is followed by 0xFF. Then decoding and
+            # re-encoding give these exact bytes back (strict UTF-8 is a bijection).
+            nz = 0
+            i = 0
+            while i < vn - 2:
+                q = <const unsigned char*>memchr(v + i, 0, vn - 2 - i)
+                if q == NULL:
+                    break
+                if q - v + 1 >= vn - 2 or q[1] != 0xFF:
+                    return -1
+                nz += 1
+                i = q - v + 2
+            body = term[end + 1:n - 2]
+            try:
+                s = (body.replace(b"\x00\xff", b"\x00") if nz else body).decode("utf-8")
+            except UnicodeDecodeError:
+                return -1
+            e = self._find(col.cid, <uint64_t>PyObject_Hash(s), s)
+        elif tag == INT_TAG or tag == FLOAT_TAG or tag == TIMESTAMP_TAG:
+            if vn != 8:
+                return -1
+            e = self._find(col.cid, get_be64(v), None)
+        elif tag == BOOL_TAG:
+            if vn != 1 or v[0] > 1:
+                return -1
+            e = self._find(col.cid, v[0], None)
+        else:
+            if vn != 0:
+                return -1
+            e = self._find(col.cid, 0, None)
+        return -1 if e == NULL else e.tid
+
+    cdef array _postings_copy(self, Py_ssize_t tid, uint64_t limit):
+        """A new ``array('I')`` of term ``tid``'s offsets that are ``< limit``."""
+        cdef TEntry* e = self._find_tid(tid)
+        cdef Py_ssize_t cut = lower_bound(plist_data(&e.pl), e.pl.n, limit)
+        cdef array out = clone(_U32, cut, False)
+        if cut:
+            e = self._find_tid(tid)  # again: the allocation may have run arbitrary code
+            memcpy(out.data.as_uints, plist_data(&e.pl), min(cut, <Py_ssize_t>e.pl.n) * sizeof(offset_t))
+        return out
+
+    # ------------------------------------------------------------ paths and columns
+
+    cdef _Node _lookup_child(self, _Node parent, object key):
+        """The child of ``parent`` at the exact str ``key``, or None if not created yet."""
+        cdef PyObject* r = PyDict_GetItemWithError(parent.children, key)
+        cdef _Node child
+        if r == NULL:
+            return None
+        child = <_Node>r
+        child.key = key
+        parent.last_child = child
+        return child
+
+    cdef _Node _new_child(self, _Node parent, object key):
+        """Create the child of ``parent`` at ``key`` (UnicodeEncodeError for lone surrogates)."""
+        cdef const char* s
+        cdef Py_ssize_t n
+        cdef _Node child
+        owner = utf8(key, &s, &n)
+        child = _Node()
+        child.enc = escaped_concat(parent.enc, parent is not self._root, s, n)
+        child.is_event_time = parent is self._root and key == "_event_time"
+        child.key = key
+        parent.children[key] = child
+        parent.last_child = child
+        return child
+
+    cdef _Node _child(self, _Node parent, object key):
+        cdef _Node child = self._lookup_child(parent, key)
+        if child is None:
+            child = self._new_child(parent, key)
+        return child
+
+    cdef _Column _new_column(self, _Node node, int tag):
+        cdef _Column col = _Column()
+        cdef char t = <char>tag
+        col.key = fixed_concat(node.enc, &t, 1)
+        col.tag = tag
+        col.cid = <uint32_t>len(self._cols)
+        self._cols.append(col)
+        self._colobjs[col.key] = col
+        if tag == NULL_TAG:
+            node.c_null = col
+        elif tag == BOOL_TAG:
+            node.c_bool = col
+        elif tag == INT_TAG:
+            node.c_int = col
+        elif tag == FLOAT_TAG:
+            node.c_float = col
+        elif tag == STRING_TAG:
+            node.c_str = col
+        elif tag == TIMESTAMP_TAG:
+            node.c_ts = col
+        elif tag == ARRAY_TAG:
+            node.c_arr = col
+        else:
+            node.c_obj = col
+        return col
+
+    # ------------------------------------------------------------ the walk
+
+    cdef int _walk_object(self, object obj, _Node node, const Where* where, Py_ssize_t depth,
+                          bint in_array) except -1:
+        """Walk the members of ``obj`` (at ``node``/``where``, nesting level ``depth``)."""
+        cdef Where w
+        cdef Py_ssize_t pos = 0
+        cdef PyObject* k
+        cdef PyObject* v
+        cdef PyObject* pred
+        cdef PyObject* prev
+        cdef _Node child
+        if depth > self._max_depth:
+            return nesting_error(self, where)
+        w.up = where
+        w.index = 0
+        if type(obj) is dict:
+            # Members usually come in the order of the previous document: predict the child
+            # from the sibling chain and confirm by key identity (orjson reuses key objects).
+            pred = node.first_child
+            prev = NULL
+            while PyDict_Next(obj, &pos, &k, &v):
+                # Own references: odd values (subclasses) can run code that edits the dict.
+                korig = <object>k
+                val = <object>v
+                w.key = k
+                if pred != NULL and (<_Node>pred).key is korig:
+                    child = <_Node>pred
+                elif type(korig) is str:
+                    child = self._lookup_child(node, korig)
+                elif isinstance(korig, str):
+                    self._walk_value(val, node, PyUnicode_FromObject(korig), None, &w, depth,
+                                     in_array)
+                    prev = NULL  # no prediction past a str subclass key
+                    pred = NULL
+                    continue
+                else:
+                    raise SchemaError(
+                        f"object keys must be strings, not {type(korig).__name__}",
+                        where_str(where),
+                    )
+                self._walk_value(val, node, korig, child, &w, depth, in_array)
+                if child is None:
+                    child = node.last_child  # created by the walk
+                if prev == NULL:
+                    node.first_child = <PyObject*>child
+                else:
+                    (<_Node>prev).next_sib = <PyObject*>child
+                prev = <PyObject*>child
+                pred = child.next_sib
+        else:  # a dict subclass: its items() decides the order
+            for korig, val in obj.items():
+                w.key = <PyObject*>korig
+                if type(korig) is str:
+                    self._walk_value(val, node, korig, None, &w, depth, in_array)
+                elif isinstance(korig, str):
+                    self._walk_value(val, node, PyUnicode_FromObject(korig), None, &w, depth,
+                                     in_array)
+                else:
+                    raise SchemaError(
+                        f"object keys must be strings, not {type(korig).__name__}",
+                        where_str(where),
+                    )
+        return 0
+
+    cdef int _walk_value(self, object v, _Node parent, object key, _Node node,
+                         const Where* where, Py_ssize_t depth, bint in_array) except -1:
+        """Index ``v``, the member ``key`` of ``parent`` (``node``: its child, if known).
+
+        Array elements come with ``node`` (their array's). ``where`` already names ``v``.
+        An unknown child is created (its key encoded) at the point where the reference
+        encodes the path, so that errors come in the same order.
+        """
+        cdef type t = type(v)
+        if t is str:
+            return self._leaf_str(<str>v, v, parent, key, node, where, in_array)
+        if t is int:
+            return self._leaf_int(v, parent, key, node, where, depth, in_array)
+        if t is float:
+            return self._leaf_float(v, parent, key, node, where, in_array)
+        if v is True or v is False:
+            return self._leaf_fixed(v, BOOL_TAG, parent, key, node, in_array)
+        if v is None:
+            return self._leaf_fixed(None, NULL_TAG, parent, key, node, in_array)
+        if t is not dict and t is not list and t is not tuple:
+            # Subclasses, in the reference's isinstance order.
+            if isinstance(v, str):
+                return self._leaf_str(PyUnicode_FromObject(v), v, parent, key, node, where,
+                                      in_array)
+            if isinstance(v, int):
+                return self._leaf_int(v, parent, key, node, where, depth, in_array)
+            if isinstance(v, float):
+                return self._leaf_float(v, parent, key, node, where, in_array)
+            if not isinstance(v, (dict, list, tuple)):
+                raise SchemaError(f"unsupported value type {t.__name__}", where_str(where))
+        if depth >= RECURSION_CHECK_FROM:
+            if Py_EnterRecursiveCall(" while indexing a document"):
+                return -1
+            try:
+                return self._walk_container(v, parent, key, node, where, depth, in_array)
+            finally:
+                Py_LeaveRecursiveCall()
+        return self._walk_container(v, parent, key, node, where, depth, in_array)
+
+    cdef int _walk_container(self, object v, _Node parent, object key, _Node node,
+                             const Where* where, Py_ssize_t depth, bint in_array) except -1:
+        cdef _Column col
+        if isinstance(v, dict):
+            if node is None:
+                node = self._child(parent, key)
+            col = node.c_obj
+            if col is None:
+                col = self._new_column(node, OBJECT_TAG)
+            self._queue(col, 0, None, 0)
+            return self._walk_object(v, node, where, depth + 1, in_array)
+        return self._walk_array(v, parent, key, node, where, depth, in_array)
+
+    cdef int _walk_array(self, object v, _Node parent, object key, _Node node,
+                         const Where* where, Py_ssize_t depth, bint in_array) except -1:
+        cdef _Column col
+        cdef Py_ssize_t i
+        cdef Where w
+        cdef type t = type(v)
+        if depth + 1 > self._max_depth:
+            return nesting_error(self, where)
+        if node is None:
+            node = self._child(parent, key)
+        col = node.c_arr
+        if col is None:
+            col = self._new_column(node, ARRAY_TAG)
+        self._queue(col, 0, None, 0)
+        w.up = where
+        w.key = NULL
+        if t is list:
+            i = 0
+            while i < PyList_GET_SIZE(v):
+                item = <object>PyList_GET_ITEM(v, i)
+                w.index = i
+                self._walk_value(item, None, None, node, &w, depth + 1, True)
+                i += 1
+        elif t is tuple:
+            for i in range(PyTuple_GET_SIZE(v)):
+                w.index = i
+                self._walk_value(<object>PyTuple_GET_ITEM(v, i), None, None, node, &w,
+                                 depth + 1, True)
+        else:
+            i = 0
+            for item in v:
+                w.index = i
+                self._walk_value(item, None, None, node, &w, depth + 1, True)
+                i += 1
+        if not in_array:
+            self._col_add(col, (<bytes>_dumps(v)).decode())
+        return 0
+
+    cdef int _leaf_str(self, str v, object colval, _Node parent, object key, _Node node,
+                       const Where* where, bint in_array) except -1:
+        """``v``: an exact str; ``colval``: what the column stores (the original object)."""
+        cdef _Column col
+        if not PyUnicode_IS_ASCII(v) and has_surrogate(v):
+            raise SchemaError("string is not valid UTF-8 (lone surrogate)", where_str(where))
+        if node is None:
+            node = self._child(parent, key)
+        col = node.c_str
+        if col is None:
+            col = self._new_column(node, STRING_TAG)
+        self._queue(col, <uint64_t>PyObject_Hash(v), v, PyUnicode_GET_LENGTH(v) + 2)
+        if not in_array:
+            self._col_add(col, colval)
+        return 0
+
+    cdef int _leaf_int(self, object v, _Node parent, object key, _Node node,
+                       const Where* where, Py_ssize_t depth, bint in_array) except -1:
+        cdef int overflow = 0
+        cdef long long x
+        cdef _Column col
+        if type(v) is not int:
+            v = int(v)  # an int subclass: the reference stores int(v)
+        x = PyLong_AsLongLongAndOverflow(v, &overflow)
+        if overflow:
+            raise SchemaError("integer outside the signed 64-bit range", where_str(where))
+        if node is None:
+            node = self._child(parent, key)
+        if depth == 1 and node.is_event_time:
+            col = node.c_ts
+            if col is None:
+                col = self._new_column(node, TIMESTAMP_TAG)
+        else:
+            col = node.c_int
+            if col is None:
+                col = self._new_column(node, INT_TAG)
+        self._queue(col, (<uint64_t>x) ^ RT_SIGN, None, 8)
+        if not in_array:
+            self._col_add(col, v)
+        return 0
+
+    cdef int _leaf_float(self, object v, _Node parent, object key, _Node node,
+                         const Where* where, bint in_array) except -1:
+        cdef double d = (<double>v)
+        cdef uint64_t bits
+        cdef _Column col
+        if not isfinite(d):
+            raise SchemaError(f"non-finite number {v!r} (JSON has no NaN or Infinity)",
+                              where_str(where))
+        d = d + 0.0  # -0.0 -> 0.0
+        if type(v) is not float:
+            v = d  # a float subclass: the reference stores v + 0.0, a float
+        elif d == 0.0 and signbit(<double>v):
+            v = _ZERO
+        if node is None:
+            node = self._child(parent, key)
+        col = node.c_float
+        if col is None:
+            col = self._new_column(node, FLOAT_TAG)
+        memcpy(&bits, &d, 8)
+        bits = ~bits if bits & RT_SIGN else bits | RT_SIGN
+        self._queue(col, bits, None, 8)
+        if not in_array:
+            self._col_add(col, v)
+        return 0
+
+    cdef int _leaf_fixed(self, object v, int tag, _Node parent, object key, _Node node,
+                         bint in_array) except -1:
+        """None (NULL) or a bool (BOOL)."""
+        cdef _Column col
+        if node is None:
+            node = self._child(parent, key)
+        if tag == BOOL_TAG:
+            col = node.c_bool
+            if col is None:
+                col = self._new_column(node, BOOL_TAG)
+            self._queue(col, 1 if v is True else 0, None, 1)
+        else:
+            col = node.c_null
+            if col is None:
+                col = self._new_column(node, NULL_TAG)
+            self._queue(col, 0, None, 0)
+        if not in_array:
+            self._col_add(col, v)
+        return 0
+
+    def _test_fail_commit_at(self, n):
+        """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term.
+
+        The walk validates everything, so only an allocation failure can interrupt the
+        second phase; this makes that rollback path testable. ``-1`` turns it off.
+        """
+        self._fail_at = n
+
+    # ------------------------------------------------------------ reads
+
+    def postings(self, term, limit):
+        """Offsets (< ``limit``) of the rows holding ``term``, increasing; a new array."""
+        cdef Py_ssize_t tid
+        cdef long long lim
+        cdef int overflow = 0
+        if type(term) is not bytes:
+            hash(term)  # unhashable: TypeError, like the reference's dict lookup
+            if not isinstance(term, bytes):
+                return clone(_U32, 0, False)
+            term = bytes(term)
+        tid = self._term_id(term)
+        if tid < 0:
+            return clone(_U32, 0, False)
+        lim = PyLong_AsLongLongAndOverflow(_index(limit), &overflow)
+        if overflow < 0 or (overflow == 0 and lim <= 0):
+            return clone(_U32, 0, False)
+        if overflow > 0 or <unsigned long long>lim > NO_LIMIT:
+            return self._postings_copy(tid, NO_LIMIT)
+        return self._postings_copy(tid, <uint64_t>lim)
+
+    def column_terms(self, column_key):
+        """Every distinct term of one column key (path + type), in no particular order."""
+        cdef _Column col = self._colobjs.get(column_key)
+        cdef size_t i
+        if col is None:
+            return []
+        return [self._term_bytes(col.tids.data[i]) for i in range(col.tids.n)]
+
+    def column_keys(self):
+        """Column keys (path + type) that have at least one term, in first-term order."""
+        return list(self._colkeys)
+
+    def sorted_postings(self):
+        """All (term, offsets) pairs sorted by term: what a seal writes."""
+        cdef SortRec* recs = NULL
+        cdef uint32_t* rank_of = NULL
+        cdef SortRec* r
+        cdef TEntry* e
+        cdef size_t i, j = 0, n = <size_t>self._n_terms
+        cdef array arr
+        cdef char buf[8]
+        cdef const char* s
+        cdef Py_ssize_t slen
+        cdef bytes ck
+        cdef int tag
+        if self._busy:
+            raise RuntimeError("SegmentBuilder read while add() runs: a builder has one writer")
+        # Column keys are prefix-free, so terms sort by column key, then by value; the value
+        # encoding preserves order: numeric terms sort by their 64-bit key, strings by code
+        # point. One sequential pass over the table, one qsort, no hash lookups.
+        cks = sorted(self._colkeys)
+        out = []
+        self._busy = True  # no add() (e.g. from a finalizer) may move the table meanwhile
+        try:
+            rank_of = <uint32_t*>safe_realloc(NULL, len(self._cols), sizeof(uint32_t))
+            for i in range(len(cks)):
+                rank_of[(<_Column>self._colobjs[cks[i]]).cid] = <uint32_t>i
+            recs = <SortRec*>safe_realloc(NULL, n, sizeof(SortRec))
+            for i in range(self._mask + 1):
+                e = &self._table[i]
+                if e.cid1:
+                    r = &recs[j]
+                    r.rank = rank_of[e.cid1 - 1]
+                    r.key = e.key if e.sv == NULL else utf8_prefix(<str>e.sv)
+                    r.sv = e.sv
+                    r.pl = e.pl
+                    j += 1
+            qsort(recs, n, sizeof(SortRec), cmp_rec)
+            for i in range(n):
+                r = &recs[i]
+                ck = <bytes>PyList_GET_ITEM(cks, r.rank)
+                tag = <unsigned char>PyBytes_AS_STRING(ck)[PyBytes_GET_SIZE(ck) - 1]
+                if r.sv != NULL:
+                    owner = utf8(<str>r.sv, &s, &slen)
+                    t = escaped_concat(ck, False, s, slen)
+                elif tag == INT_TAG or tag == FLOAT_TAG or tag == TIMESTAMP_TAG:
+                    put_be64(buf, r.key)
+                    t = fixed_concat(ck, buf, 8)
+                elif tag == BOOL_TAG:
+                    buf[0] = <char>r.key
+                    t = fixed_concat(ck, buf, 1)
+                else:
+                    t = ck
+                arr = clone(_U32, r.pl.n, False)
+                memcpy(arr.data.as_uints, plist_data(&r.pl), r.pl.n * sizeof(offset_t))
+                pair = (t, arr)
+                # Neither can be part of a reference cycle; untracked, 10**5-10**6 of them do
+                # not trigger full collections of the whole heap (the reference's do).
+                PyObject_GC_UnTrack(arr)
+                PyObject_GC_UnTrack(pair)
+                out.append(pair)
+        finally:
+            self._busy = False
+            free(recs)
+            free(rank_of)
+        return out
+
+    def columns(self):
+        """(column key, offsets, values) for every column, sorted by column key.
+
+        ``values`` is the builder's own list, as in the reference: do not modify it.
+        """
+        cdef _Column col
+        colobjs = self._colobjs
+        out = []
+        for ck in sorted(colobjs):
+            col = <_Column>colobjs[ck]
+            if col.offs.n:
+                out.append((ck, vec_array(&col.offs), col.values))
+        return out
