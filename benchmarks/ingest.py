@@ -34,7 +34,6 @@ import os
 import resource
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -209,36 +208,10 @@ def generate(n_events: int, n_tsbs: int, seed: int) -> tuple[list[dict], bytearr
 
 def bench_rtindex(events: list[dict], tsbs: list[dict], event_bytes: int, args: argparse.Namespace,
                   workdir: str) -> dict:
-    res: dict[str, Any] = {}
-    # Probe in a child first: a broken native build can kill the process at import time
-    # (e.g. a sanitizer runtime check), which no except clause would catch.
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    probe = subprocess.run([sys.executable, "-c", "import rtindex; rtindex.open"], env=env,
-                           capture_output=True, text=True, timeout=120)
-    if probe.returncode != 0:
-        why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
-        log("!! rtindex is not available -- measuring the peers only.")
-        log(f"!!   import rtindex (in a child process): {why}")
-        log("!!   (build it with `pip install -e .`, or set RTINDEX_PURE_PYTHON=1 for the reference code)")
-        return {"rtindex_error": f"import: {why}"}
-    try:
-        import rtindex
+    import rtindex
+    from rtindex import _impl
 
-        if not hasattr(rtindex, "open"):
-            raise ImportError(f"{rtindex!r} has no open() (package not built yet?)")
-    except Exception as e:  # noqa: BLE001 - ImportError, or anything its import raises
-        log("!! rtindex is not available -- measuring the peers only.")
-        log(f"!!   import rtindex: {type(e).__name__}: {e}")
-        log("!!   (build it with `pip install -e .`, or set RTINDEX_PURE_PYTHON=1 for the reference code)")
-        return {"rtindex_error": f"import: {type(e).__name__}: {e}"}
-    try:
-        from rtindex import _impl
-
-        res["rtindex_impl"] = getattr(_impl, "IMPLEMENTATION", None)
-    except Exception:  # noqa: BLE001
-        res["rtindex_impl"] = None
-
+    res: dict[str, Any] = {"rtindex_impl": _impl.IMPLEMENTATION}
     path = os.path.join(workdir, "rtindex")
     B, S = args.batch, args.shards
     db = rtindex.open(path)
@@ -250,12 +223,10 @@ def bench_rtindex(events: list[dict], tsbs: list[dict], event_bytes: int, args: 
             t0 = time.perf_counter()
             stats = coll.ingest(p.wrap(events), batch_size=B)
             t_ingest = time.perf_counter() - t0
-            if hasattr(coll, "flush"):
-                coll.flush()
+            coll.flush()
             dt = time.perf_counter() - t0
             p.finish(f" (ingest {t_ingest:.2f}s + flush {dt - t_ingest:.2f}s)")
-        n = int(getattr(stats, "n", len(events)))
-        errors = list(getattr(stats, "errors", []) or [])
+        n, errors = stats.n, stats.errors
         if errors:
             log(f"!! rtindex: {len(errors):,} ingest errors, e.g. {errors[:3]}")
         if n != len(events) - len(errors):
@@ -267,7 +238,7 @@ def bench_rtindex(events: list[dict], tsbs: list[dict], event_bytes: int, args: 
             "rtindex_events_flush_seconds": dt - t_ingest,
             "rtindex_events_n": n,
             "rtindex_events_errors": len(errors),
-            "rtindex_stored_mb": getattr(stats, "bytes", 0) / MB,
+            "rtindex_stored_mb": stats.bytes / MB,
             "rtindex_rss_before_mb": rs.start_mb,
             "rtindex_rss_peak_mb": rs.peak_mb,
             "rtindex_rss_after_mb": rs.end_mb,
@@ -282,12 +253,10 @@ def bench_rtindex(events: list[dict], tsbs: list[dict], event_bytes: int, args: 
             p = Progress("rtindex tsbs", len(tsbs), unit="rows")
             t0 = time.perf_counter()
             stats = cpu.ingest(p.wrap(tsbs), batch_size=B)
-            if hasattr(cpu, "flush"):
-                cpu.flush()
+            cpu.flush()
             dt = time.perf_counter() - t0
             p.finish()
-            n = int(getattr(stats, "n", len(tsbs)))
-            errors = list(getattr(stats, "errors", []) or [])
+            n, errors = stats.n, stats.errors
             if errors:
                 log(f"!! rtindex cpu: {len(errors):,} ingest errors, e.g. {errors[:3]}")
             res.update({"tsbs_rows_per_s": n / dt, "rtindex_tsbs_seconds": dt, "rtindex_tsbs_errors": len(errors)})

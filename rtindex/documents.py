@@ -98,13 +98,19 @@ def prepare(doc: Any, limits: Limits, now_us: int) -> tuple[Any, bytes, dict, by
     """(user id, id key, document, serialized document) ready for a shard, or SchemaError."""
     if not isinstance(doc, dict):
         raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
-    d = dict(doc)
-    doc_id = d.get("_id")
-    if doc_id is None:
-        doc_id = d["_id"] = new_id()
+    doc_id = doc.get("_id")
+    et = doc.get("_event_time")
+    if doc_id is None or type(et) is not int:
+        # fill in what is missing on a copy: the caller's dict is never changed
+        d = dict(doc)
+        if doc_id is None:
+            doc_id = d["_id"] = new_id()
+        d["_event_time"] = now_us if et is None else to_event_time(et)
+    else:
+        d = doc
+        if not keys.INT_MIN <= et <= keys.INT_MAX:
+            raise SchemaError("_event_time outside the signed 64-bit range", "$._event_time")
     id_key = encode_id(doc_id)
-    et = d.get("_event_time")
-    d["_event_time"] = now_us if et is None else to_event_time(et)
     try:
         raw = orjson.dumps(d)
     except (TypeError, orjson.JSONEncodeError) as e:
