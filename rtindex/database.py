@@ -16,7 +16,7 @@ from rtindex.collection import Collection
 from rtindex.documents import Limits
 from rtindex.errors import AlreadyExistsError, ClosedError, NotFoundError, StorageError
 from rtindex.shard import ShardConfig
-from rtindex.storage import new_block_cache
+from rtindex.storage import new_block_cache, new_write_buffer_manager
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,127}$")
 COLLECTIONS_DIR = "collections"
@@ -27,7 +27,7 @@ class Database:
     """An open rtindex database. Use :func:`rtindex.open`; close it (or use ``with``)."""
 
     def __init__(self, path: str, *, create: bool = True, sync: bool = False,
-                 block_cache_bytes: int = 256 << 20, max_document_bytes: int = 4 << 20,
+                 block_cache_bytes: int = 256 << 20, write_buffer_bytes: int = 256 << 20, max_document_bytes: int = 4 << 20,
                  max_depth: int = 64, seal_rows: int = 50_000, seal_bytes: int = 96 << 20,
                  merge_factor: int = 4):
         self.path = os.path.abspath(path)
@@ -44,6 +44,7 @@ class Database:
         self._config = ShardConfig(seal_rows=seal_rows, seal_bytes=seal_bytes, merge_factor=merge_factor,
                                    max_depth=max_depth)
         self._block_cache = new_block_cache(block_cache_bytes)
+        self._write_buffers = new_write_buffer_manager(write_buffer_bytes)
         self._sealer = Worker("sealer")
         self._merger = Worker("merger")
         self._collections: dict[str, Collection] = {}
@@ -166,6 +167,7 @@ def open(path: str, **options: Any) -> Database:  # noqa: A001 - the natural nam
 
     Options: ``create`` (True), ``sync`` (False: an acknowledged write survives a process
     crash; True: also a power loss, at the cost of an fsync per batch), ``block_cache_bytes``,
+    ``write_buffer_bytes`` (RocksDB memtables of all shards together),
     ``max_document_bytes``, ``max_depth``, ``seal_rows``, ``seal_bytes``, ``merge_factor``.
     """
     return Database(path, **options)

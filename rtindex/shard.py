@@ -125,10 +125,10 @@ class ShardConfig:
 
 class Shard:
     def __init__(self, path: str, index: int, config: ShardConfig, sealer: Worker, merger: Worker,
-                 sync: bool = False, block_cache=None):
+                 sync: bool = False, block_cache=None, write_buffers=None):
         self.index = index
         self.config = config
-        self.store = Store(path, sync=sync, block_cache=block_cache)
+        self.store = Store(path, sync=sync, block_cache=block_cache, write_buffers=write_buffers)
         self._sealer = sealer
         self._merger = merger
         self._write_lock = threading.RLock()  # one writer at a time; publishes states

@@ -21,6 +21,7 @@ from rocksdict import (
     Rdict,
     ReadOptions,
     WriteBatch,
+    WriteBufferManager,
     WriteOptions,
 )
 
@@ -29,13 +30,15 @@ from rtindex.errors import ClosedError, StorageError
 CFS = ("rows", "ids", "postings", "columns", "meta")
 
 
-def _options(block_cache: Cache | None) -> Options:
+def _options(block_cache: Cache | None, wbm: WriteBufferManager | None) -> Options:
     o = Options(raw_mode=True)
     o.create_if_missing(True)
     o.create_missing_column_families(True)
     o.set_compression_type(DBCompressionType.lz4())
     o.set_max_background_jobs(2)
-    o.set_write_buffer_size(32 << 20)
+    o.set_write_buffer_size(16 << 20)
+    if wbm is not None:
+        o.set_write_buffer_manager(wbm)
     o.set_keep_log_file_num(2)
     t = BlockBasedOptions()
     if block_cache is not None:
@@ -51,14 +54,22 @@ def new_block_cache(nbytes: int) -> Cache:
     return Cache(nbytes)
 
 
+def new_write_buffer_manager(nbytes: int) -> WriteBufferManager:
+    """One memtable budget shared by every shard (and column family) of a database: without
+    it, memtables alone could take shards x 5 column families x 2 x 16 MB."""
+    return WriteBufferManager(nbytes, False)
+
+
 class Store:
     """A RocksDB instance with rtindex's column families; thin, thread-safe, typed errors."""
 
-    def __init__(self, path: str, *, sync: bool = False, block_cache: Cache | None = None):
+    def __init__(self, path: str, *, sync: bool = False, block_cache: Cache | None = None,
+                 write_buffers: WriteBufferManager | None = None):
         self.path = path
-        opts = _options(block_cache)
+        opts = _options(block_cache, write_buffers)
         try:
-            self._db = Rdict(path, options=opts, column_families={cf: _options(block_cache) for cf in CFS})
+            self._db = Rdict(path, options=opts,
+                             column_families={cf: _options(block_cache, write_buffers) for cf in CFS})
             self._cf = {cf: self._db.get_column_family(cf) for cf in CFS}
             self._h = {cf: self._db.get_column_family_handle(cf) for cf in CFS}
         except Exception as e:
