@@ -128,18 +128,24 @@ def prepare(doc: Any, limits: Limits, now_us: int) -> tuple[Any, bytes, dict, by
 
 
 def parse_input(data: bytes | str) -> Iterator[tuple[int, Any]]:
-    """Yield (index, document or SchemaError) from a JSON array or NDJSON text."""
+    """Yield (index, document or SchemaError) from a JSON array or NDJSON text.
+
+    Text that starts with ``[`` and parses whole is a JSON array; otherwise every line is
+    one document (so an NDJSON line that happens to be an array is just a bad document)."""
     if isinstance(data, str):
         data = data.encode("utf-8")
-    head = data.lstrip()[:1]
-    if head == b"[":
+    stripped = data.strip()
+    if stripped[:1] == b"[":
         try:
             docs = orjson.loads(data)
         except orjson.JSONDecodeError as e:
-            yield 0, SchemaError(f"invalid JSON: {e}")
+            if b"\n" not in stripped:  # one line: it was meant as a JSON array
+                yield 0, SchemaError(f"invalid JSON: {e}")
+                return
+            docs = None  # NDJSON whose first line is an array: each line on its own
+        if isinstance(docs, list):
+            yield from enumerate(docs)
             return
-        yield from enumerate(docs)
-        return
     for i, line in enumerate(data.split(b"\n")):
         if not line.strip():
             continue

@@ -213,3 +213,10 @@ def test_stats(db):
     assert st["documents"] == 300 and len(st["shards"]) == 2
     assert sum(s["sealed_segments"] for s in st["shards"]) >= 2
     assert db.stats()["collections"]["c"]["documents"] == 300
+
+
+def test_ndjson_whose_first_line_is_an_array(db):
+    c = db.create_collection("c")
+    stats = c.ingest(b'[1, 2]\n{"_id": 1}\n')
+    assert stats.n == 1 and [e.index for e in stats.errors] == [0]
+    assert c.ingest(b"[1, 2]").errors[0].message.startswith("a document must be a JSON object")
