@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 
 if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
-    from rtindex._py.blocks import BlockWriter, block_cardinality, block_get, block_range, merge_blocks
+    from rtindex._py.blocks import block_get, block_range, merge_blocks
     from rtindex._py.segment import SegmentBuilder
 
     IMPLEMENTATION = "python"
 else:
     try:
-        from rtindex._ext._blocks import BlockWriter, block_cardinality, block_get, block_range, merge_blocks
+        from rtindex._ext._blocks import block_get, block_range, merge_blocks
         from rtindex._ext._segment import SegmentBuilder
     except ImportError as e:  # pragma: no cover - depends on the build
         raise ImportError(
@@ -27,9 +27,7 @@ else:
 
 __all__ = [
     "IMPLEMENTATION",
-    "BlockWriter",
     "SegmentBuilder",
-    "block_cardinality",
     "block_get",
     "block_range",
     "merge_blocks",

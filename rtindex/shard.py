@@ -27,7 +27,7 @@ import pyarrow as pa
 from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import columns, keys
-from rtindex._impl import BlockWriter, SegmentBuilder, block_get, block_range, merge_blocks
+from rtindex._impl import SegmentBuilder, block_get, block_range, merge_blocks
 from rtindex.background import Worker
 from rtindex.errors import CorruptionError, SchemaError, StorageError
 from rtindex.keys import from_u64, u64
@@ -322,10 +322,10 @@ class Shard:
         if lock:
             lock.acquire()
         try:
-            for ck, offs, vals in view.seg.builder.columns():
-                if ck in colkeys:
-                    cut = bisect.bisect_left(offs, n)
-                    by_key[ck] = (offs[:cut], vals[:cut])
+            for ck in colkeys:
+                offs, vals = view.seg.builder.column(ck, n)
+                if len(offs):
+                    by_key[ck] = (offs, vals)
         finally:
             if lock:
                 lock.release()
@@ -475,14 +475,9 @@ class Shard:
         segid = self._new_segid()
         prefix = u64(segid)
         wb = self.store.batch()
-        writer = BlockWriter(self.config.block_bytes)
-        for t, offs in b.sorted_postings():
-            done = writer.add(t, offs)
-            if done is not None:
-                wb.put("postings", prefix + done[0], done[1])
-        done = writer.finish()
-        if done is not None:
-            wb.put("postings", prefix + done[0], done[1])
+        # sorted and encoded in C with the GIL released: ingest keeps running meanwhile
+        for first, block in b.write_blocks(self.config.block_bytes):
+            wb.put("postings", prefix + first, block)
         colkeys = []
         for ck, offs, vals in b.columns():
             wb.put("columns", prefix + ck, columns.encode(columns.dense(ck[-1], offs, vals, n)))

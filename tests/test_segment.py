@@ -3,8 +3,9 @@
 The differential tests feed the same generated documents (including ones that must fail)
 to ``rtindex._ext._segment.SegmentBuilder`` and ``rtindex._py.segment.SegmentBuilder`` and
 require identical results from every read method after every ``add``: the same term bytes,
-postings, column values (type and repr), the same exception type and message, and, after a
-failed ``add``, a builder that is exactly as before.
+postings, column values (type and repr), term blocks (``write_blocks``, also against a
+``BlockWriter`` fed ``sorted_postings()``), the same exception type and message, and, after
+a failed ``add``, a builder that is exactly as before.
 
 ``HYPOTHESIS_PROFILE`` (see conftest.py) overrides the example counts set here.
 """
@@ -12,6 +13,8 @@ failed ``add``, a builder that is exactly as before.
 from __future__ import annotations
 
 import os
+import random
+import threading
 from array import array
 from collections import OrderedDict, namedtuple
 from enum import IntEnum
@@ -21,16 +24,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import rtindex._py.blocks as PyBlocks
 from rtindex import keys
 from rtindex._py.segment import SegmentBuilder as PySegmentBuilder
 from rtindex.errors import SchemaError
 
 try:
+    import rtindex._ext._blocks as CyBlocks
     from rtindex._ext._segment import SegmentBuilder as CySegmentBuilder
 except ImportError:  # pragma: no cover - depends on the build
     if os.environ.get("RTINDEX_PURE_PYTHON") != "1":
         raise
-    CySegmentBuilder = None
+    CySegmentBuilder = CyBlocks = None
 
 needs_ext = pytest.mark.skipif(CySegmentBuilder is None, reason="compiled extension not built")
 IMPLS = [
@@ -181,7 +186,15 @@ def snapshot(b) -> dict:
                       b"a\x00\x00\x05\xff\x00\x00", b"\x00\x00\x00", b"a\x00\x00\x02\x05", b"a\x00\x00\x01x")
         ],
         "unknown_column": b.column_terms(b"no such column\x00\x00\x05"),
+        "column": {
+            ck: [(check_u32(o), [canon(v) for v in vals]) for o, vals in
+                 (b.column(ck, lim) for lim in (-1, 0, 1, n // 2, n - 1, n, n + 1, 2**40))]
+            for ck in [c for c, _, _ in b.columns()] + cks + [b"no such column\x00\x00\x05"]
+        },
+        "write_blocks": {target: b.write_blocks(target) for target in (1, 64, 16384)},
     }
+    for target, blocks in snap["write_blocks"].items():
+        assert blocks == blocks_of(sp_arrays(b), target), target
     for t, _ in sp:
         ck = t[: keys._path_end(t) + 1]
         assert t in snap["column_terms"][ck]  # every term's column knows it
@@ -192,6 +205,24 @@ def snapshot(b) -> dict:
             near.append(ck + t[len(ck):].replace(b"\x00\xff", b"\x00\x01", 1))
         assert [check_u32(b.postings(x, n + 1)) for x in near] == [[]] * len(near), t
     return snap
+
+
+def sp_arrays(b):
+    return b.sorted_postings()
+
+
+def blocks_of(sorted_postings, target):
+    """What the seal did before write_blocks: a BlockWriter fed ``sorted_postings``."""
+    w = (CyBlocks or PyBlocks).BlockWriter(target)
+    out = []
+    for t, offs in sorted_postings:
+        r = w.add(t, offs)
+        if r is not None:
+            out.append(r)
+    r = w.finish()
+    if r is not None:
+        out.append(r)
+    return out
 
 
 def run_both(max_depth, docs):
@@ -514,3 +545,195 @@ def test_postings_of_almost_terms(impl):
     assert b.postings(keys.term(("e",), keys.STRING, ""), 5).tolist() == [0]
     assert b.postings(keys.column_key(("e",), keys.STRING) + b"\x00", 5).tolist() == []
     assert b.postings(keys.term(("n",), keys.INT, 255)[:-1], 5).tolist() == []
+
+
+# ---------------------------------------------------------------- write_blocks
+
+
+TARGETS = st.one_of(st.sampled_from([1, 64, 65, 100, 1000, 16384, 2**20, 2**62, 2**70]), st.integers(1, 50_000))
+
+
+@st.composite
+def hot_documents(draw):
+    """Many rows with a few high-cardinality terms (>= 64, >= 4096 rows: roaring postings of
+    array, bitset and run containers), mixed with generated documents."""
+    n = draw(st.sampled_from([1, 63, 64, 65, 300, 4095, 4096, 4097, 5000]))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    p_hot = draw(st.sampled_from([1.0, 0.97, 0.5, 0.05]))
+    extra = draw(st.lists(st.tuples(st.integers(0, max(n - 1, 0)), documents()), max_size=5))
+    docs = []
+    for i in range(n):
+        d = {"k": i % 7, "all": "x", "f": [1.5, None]}
+        if rng.random() < p_hot:
+            d["hot"] = "h\x00"
+        if i % 3 == 0:
+            d["every3"] = True
+        if i >= n // 2:
+            d["tail"] = {"z": 0}  # a run of consecutive rows
+        if rng.random() < 0.2:
+            d["s"] = rng.choice(["a", "b", "a\x00", "é", "😀", "same prefix " + str(rng.randrange(50))])
+        docs.append(d)
+    for i, d in sorted(extra, key=lambda x: x[0]):
+        docs.insert(i, d)
+    return docs
+
+
+def add_both(ref, cy, docs):
+    for doc in docs:
+        assert outcome(cy.add, doc) == outcome(ref.add, doc)
+
+
+def check_blocks(ref, cy, target):
+    blocks = cy.write_blocks(target)
+    assert blocks == ref.write_blocks(target)
+    assert blocks == blocks_of(cy.sorted_postings(), target)
+    # Every term and posting comes back, in order.
+    items = [(t, bm.to_array().tolist()) for _, blk in blocks for t, bm in CyBlocks.block_items(blk)]
+    assert items == [(t, offs.tolist()) for t, offs in ref.sorted_postings()]
+    return blocks
+
+
+@needs_ext
+@given(docs=st.lists(DOCS, max_size=12), targets=st.lists(TARGETS, min_size=1, max_size=3))
+@_settings(150)
+def test_write_blocks_same_as_reference(docs, targets):
+    ref, cy = PySegmentBuilder(), CySegmentBuilder()
+    add_both(ref, cy, docs)
+    for target in targets:
+        check_blocks(ref, cy, target)
+
+
+@needs_ext
+@given(docs=hot_documents(), targets=st.lists(TARGETS, min_size=1, max_size=2))
+@_settings(20)
+def test_write_blocks_high_cardinality(docs, targets):
+    ref, cy = PySegmentBuilder(), CySegmentBuilder()
+    add_both(ref, cy, docs)
+    for target in targets:
+        blocks = check_blocks(ref, cy, target)
+    if max((len(offs) for _, offs in ref.sorted_postings()), default=0) >= 64:
+        kinds = {struct_kind(blk, i) for _, blk in blocks for i in range(block_n(blk))}
+        assert kinds == {0, 1}  # both raw and roaring entries were written
+
+
+def block_n(block):
+    return int.from_bytes(block[4:8], "little")
+
+
+def struct_kind(block, i):
+    start = int.from_bytes(block[8 + 4 * i : 12 + 4 * i], "little")
+    return int.from_bytes(block[start : start + 4], "little") >> 30
+
+
+@needs_ext
+def test_write_blocks_roaring_containers():
+    # One term per roaring container kind (run, bitset: >= 4096 rows, array) and raw ones.
+    rng = random.Random(7)
+    docs = [{"all": 1, "half": rng.random() < 0.5, "sparse": rng.random() < 0.02, "few": i in (5, 9),
+             "runs": (i // 100) % 2 == 0} for i in range(6000)]
+    ref, cy = PySegmentBuilder(), CySegmentBuilder()
+    add_both(ref, cy, docs)
+    by_len = {len(offs) for _, offs in ref.sorted_postings()}
+    assert max(by_len) == 6000 and any(4096 <= n < 6000 for n in by_len) and 2 in by_len
+    for target in (1, 64, 16384):
+        blocks = check_blocks(ref, cy, target)
+        kinds = [struct_kind(blk, i) for _, blk in blocks for i in range(block_n(blk))]
+        assert kinds.count(1) >= 5 and kinds.count(0) >= 1
+
+
+@needs_ext
+def test_write_blocks_many_terms():
+    # Enough terms to grow the table several times; string runs sharing long prefixes (the
+    # sort compares them 8 bytes at a time) and one prefix longer than the refinement depth.
+    ref, cy = PySegmentBuilder(), CySegmentBuilder()
+    long = "p" * 300
+    docs = [{"id": f"ev-{i}", "n": i - 1500, "f": i / 7, "s": f"same prefix {i % 700:05d}",
+             "l": long + str(i % 40), "l2": long + "\x00" * (i % 3), "t": [i % 5, -i]}
+            for i in range(3000)]
+    add_both(ref, cy, docs)
+    for target in (1, 64, 4096, 16384, 2**30):
+        check_blocks(ref, cy, target)
+
+
+@needs_ext
+def test_write_blocks_sort_order_edge_values():
+    ref, cy = PySegmentBuilder(), CySegmentBuilder()
+    strs = ["", "\x00", "\x00\x00", "\x00\xff", "\x01", "a", "a\x00", "a\x00b", "ab", "\x7f", "\x80", "\xff",
+            "é", "\u07ff", "\u0800", "\uffff", "\U00010000", "😀", "\U0010ffff", "abcdefgh", "abcdefgh\x00",
+            "abcdefghi", "abcdefg", "abcdefgh" * 3, "abcdefgh" * 3 + "\x00"]
+    ints = [keys.INT_MIN, keys.INT_MIN + 1, -(2**32), -1, 0, 1, 2**32, keys.INT_MAX]
+    floats = [-1.7976931348623157e308, -1.5, -5e-324, 0.0, 5e-324, 1.5, 1.7976931348623157e308]
+    docs = [{"s": v} for v in strs] + [{"i": v, "_event_time": v} for v in ints] + [{"f": v} for v in floats]
+    docs += [{"b": True}, {"b": False}, {"n": None}, {"o": {}}, {"a": []}]
+    add_both(ref, cy, list(reversed(docs)))
+    for target in (1, 64, 16384):
+        check_blocks(ref, cy, target)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_write_blocks_arguments(impl):
+    b = impl()
+    assert b.write_blocks() == [] and b.write_blocks(1) == []
+    b.add({"a": 1})
+    assert b.write_blocks() == b.write_blocks(16384)
+    for bad, exc in [("1", TypeError), (True, TypeError), (1.0, TypeError), (None, TypeError),
+                     (0, ValueError), (-5, ValueError)]:
+        with pytest.raises(exc) as ei:
+            b.write_blocks(bad)
+        with pytest.raises(exc) as ei2:
+            PyBlocks.BlockWriter(bad)
+        assert str(ei.value) == str(ei2.value)
+    assert b.add({"a": 2}) == 1  # usable afterwards
+
+
+@needs_ext
+def test_write_blocks_while_other_threads_run():
+    # write_blocks releases the GIL: the result is the same while other threads run Python
+    # code and read the same builder.
+    cy = CySegmentBuilder()
+    for i in range(20_000):
+        cy.add({"id": f"ev-{i}", "n": i % 1000, "s": "x" if i % 3 else "y"})
+    expected = blocks_of(cy.sorted_postings(), 16384)
+    stop = threading.Event()
+    seen = []
+
+    def reader():
+        t = keys.term(("s",), keys.STRING, "y")
+        while not stop.is_set():
+            seen.append(len(cy.postings(t, 10**9)))
+            cy.column(keys.column_key(("n",), keys.INT), 500)
+
+    th = threading.Thread(target=reader)
+    th.start()
+    try:
+        results = [cy.write_blocks(16384) for _ in range(3)]
+    finally:
+        stop.set()
+        th.join()
+    assert all(r == expected for r in results)
+    assert seen and set(seen) == {6667}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_column(impl):
+    b = impl()
+    for i in range(6):
+        b.add({"n": i, "s": "x"} if i % 2 else {"s": "y", "arr": [1, {"in": i}]})
+    ck = keys.column_key(("n",), keys.INT)
+    offs, vals = b.column(ck, 4)
+    assert offs.tolist() == [1, 3] and vals == [1, 3]
+    offs.append(9)
+    vals.append(9)
+    assert b.column(ck, 100) == (array("I", [1, 3, 5]), [1, 3, 5])  # copies, not the builder's
+    assert b.column(ck, 0) == (array("I"), [])
+    assert b.column(ck, -(2**70)) == (array("I"), [])
+    assert b.column(ck, 2**70)[1] == [1, 3, 5]
+    assert b.column(keys.column_key(("arr", "in"), keys.INT), 10) == (array("I"), [])  # only in arrays
+    assert b.column(b"nope", 10) == (array("I"), [])
+    assert b.column("nope", 10) == (array("I"), [])
+    with pytest.raises(TypeError):
+        b.column([b"unhashable"], 10)
+    with pytest.raises(TypeError):
+        b.column(ck, 1.5)
+    for ck2, o, v in b.columns():
+        assert b.column(ck2, b.n_rows) == (o, v)

@@ -1,8 +1,54 @@
 # Term-dictionary blocks of sealed segments; see the docstring of _blocks.pyx for the format.
+#
+# The block format is written in C in one place: the functions declared at the end, which
+# BlockWriter, the merge and rtindex._ext._segment (SegmentBuilder.write_blocks) all call.
 
 from libc.stdint cimport uint32_t, uint64_t
 
 from rtindex._ext._types cimport offset_t
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    #define RTB_BIG_ENDIAN 1
+    #else
+    #define RTB_BIG_ENDIAN 0
+    #endif
+    static inline uint32_t rtb_ld32(const unsigned char *p) {
+        uint32_t v;
+        memcpy(&v, p, 4);
+    #if RTB_BIG_ENDIAN
+        v = __builtin_bswap32(v);
+    #endif
+        return v;
+    }
+    static inline void rtb_st32(unsigned char *p, uint32_t v) {
+    #if RTB_BIG_ENDIAN
+        v = __builtin_bswap32(v);
+    #endif
+        memcpy(p, &v, 4);
+    }
+    static inline void rtb_st32s(unsigned char *p, const uint32_t *v, Py_ssize_t k) {
+    #if RTB_BIG_ENDIAN
+        Py_ssize_t i;
+        for (i = 0; i < k; i++) rtb_st32(p + 4 * i, v[i]);
+    #else
+        memcpy(p, v, (size_t)k * 4);
+    #endif
+    }
+    """
+    uint32_t rtb_ld32(const unsigned char* p) noexcept nogil
+    void rtb_st32(unsigned char* p, uint32_t v) noexcept nogil
+    void rtb_st32s(unsigned char* p, const uint32_t* v, Py_ssize_t k) noexcept nogil
+
+
+cdef enum:
+    RAW = 0                     # entry kind: raw little-endian offsets
+    ROARING = 1                 # entry kind: cardinality + BitMap.serialize()
+    RAW_MAX = 64                # a set of fewer offsets is always stored raw
+    MAX_TERM = 0x3FFFFFFF       # longest term (30 bits of the entry head)
 
 
 cdef struct BlockView:
@@ -57,6 +103,44 @@ cdef struct MState:
     Py_ssize_t last_cap         # bytes allocated for last
     offset_t* scratch           # merged offsets of the current term
     Py_ssize_t scratch_cap      # slots allocated for scratch
+
+
+cdef struct BlockOut:
+    unsigned char* data         # finished blocks, back to back (the nogil writer's output)
+    Py_ssize_t len              # bytes used in data
+    Py_ssize_t cap              # bytes allocated for data
+    Py_ssize_t* ends            # ends[i]: end of block i in data (it starts at ends[i - 1], or 0)
+    Py_ssize_t n                # finished blocks
+    Py_ssize_t ends_cap         # slots allocated for ends
+
+
+# ---- the block format in C (implemented in _blocks.pyx) ------------------------------
+# Writing a block: reserve room (_w_grow or _w_reserve), _w_put each entry, and once
+# _w_size(w) >= w.target flush it: BlockWriter._flush makes the bytes, _w_flush_to appends
+# them to a BlockOut without the GIL (_blockout_list turns that into BlockWriter's output).
+
+cdef bint _surely_raw(const uint32_t* v, Py_ssize_t k) noexcept nogil
+cdef bytes _roaring_or_none(const offset_t* vals, Py_ssize_t k, object arr)
+cdef bytes _roaring_ser(const offset_t* vals, Py_ssize_t k, object arr)
+cdef int _w_grow(WState* w, Py_ssize_t need) noexcept nogil
+cdef int _w_reserve(WState* w, Py_ssize_t need) except -1
+cdef void _w_put(WState* w, const unsigned char* t1, Py_ssize_t l1, const unsigned char* t2,
+                 Py_ssize_t l2, const offset_t* vals, Py_ssize_t k, const unsigned char* ser,
+                 Py_ssize_t ser_len) noexcept nogil
+cdef void _w_write_block(const WState* w, unsigned char* q) noexcept nogil
+cdef int _w_flush_to(WState* w, BlockOut* out) noexcept nogil
+cdef list _blockout_list(const BlockOut* out)
+cdef void _blockout_free(BlockOut* out) noexcept nogil
+
+
+cdef inline Py_ssize_t _w_size(const WState* w) noexcept nogil:
+    """Size of the pending block: header + offsets table + entries."""
+    return 12 + 4 * w.n + w.data_len
+
+
+cdef inline Py_ssize_t _w_entry_size(Py_ssize_t tlen, Py_ssize_t k, Py_ssize_t ser_len) noexcept nogil:
+    """Bytes of one entry: raw (``ser_len < 0``) or roaring (``ser_len`` serialized bytes)."""
+    return 4 + tlen + (4 * k if ser_len < 0 else 4 + ser_len)
 
 
 cdef class BlockWriter:

@@ -29,6 +29,10 @@ read is checked against the block's bounds; a truncated or garbage block raises
 The merge runs its common case (terms whose postings are all raw and small) in a C loop
 without the GIL; it falls back to one Python-level step per term for roaring postings, at
 block boundaries, and to report errors, so both paths produce the reference's bytes.
+
+The writing side is plain C declared in ``_blocks.pxd`` (``_w_put``, ``_w_flush_to``,
+``_roaring_or_none``, ...): BlockWriter, the merge and ``SegmentBuilder.write_blocks``
+(``rtindex._ext._segment``, which cimports them) share this one implementation.
 """
 
 from cpython cimport array
@@ -44,41 +48,8 @@ from pyroaring import AbstractBitMap, BitMap
 
 from rtindex.errors import CorruptionError
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <string.h>
-    #if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    #define RTB_BIG_ENDIAN 1
-    #else
-    #define RTB_BIG_ENDIAN 0
-    #endif
-    static inline uint32_t rtb_ld32(const unsigned char *p) {
-        uint32_t v;
-        memcpy(&v, p, 4);
-    #if RTB_BIG_ENDIAN
-        v = __builtin_bswap32(v);
-    #endif
-        return v;
-    }
-    static inline void rtb_st32(unsigned char *p, uint32_t v) {
-    #if RTB_BIG_ENDIAN
-        v = __builtin_bswap32(v);
-    #endif
-        memcpy(p, &v, 4);
-    }
-    static inline void rtb_st32s(unsigned char *p, const uint32_t *v, Py_ssize_t k) {
-    #if RTB_BIG_ENDIAN
-        Py_ssize_t i;
-        for (i = 0; i < k; i++) rtb_st32(p + 4 * i, v[i]);
-    #else
-        memcpy(p, v, (size_t)k * 4);
-    #endif
-    }
-    """
-    uint32_t rtb_ld32(const unsigned char* p) noexcept nogil
-    void rtb_st32(unsigned char* p, uint32_t v) noexcept nogil
-    void rtb_st32s(unsigned char* p, const uint32_t* v, Py_ssize_t k) noexcept nogil
+# rtb_ld32 / rtb_st32 / rtb_st32s and the RAW / ROARING / RAW_MAX / MAX_TERM constants are
+# declared in _blocks.pxd (shared with rtindex._ext._segment).
 
 __all__ = [
     "BlockWriter",
@@ -89,12 +60,6 @@ __all__ = [
     "block_range",
     "merge_blocks",
 ]
-
-cdef enum:
-    RAW = 0
-    ROARING = 1
-    RAW_MAX = 64                # a set of fewer offsets is always stored raw
-    MAX_TERM = 0x3FFFFFFF       # longest term (30 bits of the entry head)
 
 cdef uint32_t MAGIC = 0x01425452    # b"RTB\x01" read as a little-endian uint32
 cdef uint64_t MAXU32 = 0xFFFFFFFF
@@ -444,36 +409,156 @@ def block_first_last(block):
 # ---- writing ---------------------------------------------------------------------------
 
 
-cdef int _w_reserve(WState* w, Py_ssize_t need) except -1:
-    """Room for one more entry of ``need`` bytes."""
+cdef int _w_grow(WState* w, Py_ssize_t need) noexcept nogil:
+    """Room for one more entry of ``need`` bytes; -1 (``w`` unchanged) when out of memory."""
     cdef Py_ssize_t cap
+    cdef void* q
     if w.data_len + need > w.data_cap:
         cap = max(2 * w.data_cap, w.data_len + need, 4096)
-        w.data = <unsigned char*>_safe_realloc(w.data, <size_t>cap)
+        q = realloc(w.data, <size_t>cap)
+        if q == NULL:
+            return -1
+        w.data = <unsigned char*>q
         w.data_cap = cap
     if w.n >= w.starts_cap:
         cap = max(2 * w.starts_cap, 256)
-        w.starts = <uint32_t*>_safe_realloc(w.starts, <size_t>cap * sizeof(uint32_t))
+        q = realloc(w.starts, <size_t>cap * sizeof(uint32_t))
+        if q == NULL:
+            return -1
+        w.starts = <uint32_t*>q
         w.starts_cap = cap
     return 0
 
 
-cdef inline void _w_put_raw(WState* w, const unsigned char* term, Py_ssize_t tlen,
-                            const uint32_t* vals, Py_ssize_t k) noexcept nogil:
-    """Append a raw entry; the caller reserved ``4 + tlen + 4k`` bytes and a start slot."""
+cdef int _w_reserve(WState* w, Py_ssize_t need) except -1:
+    """Room for one more entry of ``need`` bytes, or MemoryError."""
+    if _w_grow(w, need) < 0:
+        raise MemoryError(f"cannot allocate a term block of {w.data_len + need} bytes")
+    return 0
+
+
+cdef void _w_put(WState* w, const unsigned char* t1, Py_ssize_t l1, const unsigned char* t2,
+                 Py_ssize_t l2, const offset_t* vals, Py_ssize_t k, const unsigned char* ser,
+                 Py_ssize_t ser_len) noexcept nogil:
+    """Append the entry of term ``t1 + t2`` (two parts, so that callers need not join them).
+
+    Raw when ``ser`` is NULL (``vals[:k]``), else roaring (cardinality ``k``, then
+    ``ser[:ser_len]``). The caller reserved ``_w_entry_size`` bytes and a start slot.
+    """
     cdef unsigned char* q = w.data + w.data_len
+    cdef Py_ssize_t tlen = l1 + l2
     w.starts[w.n] = <uint32_t>w.data_len
     w.n += 1
-    rtb_st32(q, <uint32_t>tlen)
-    if tlen > 0:
-        memcpy(q + 4, term, <size_t>tlen)
-    rtb_st32s(q + 4 + tlen, vals, k)
-    w.data_len += 4 + tlen + 4 * k
+    rtb_st32(q, <uint32_t>(tlen if ser == NULL else tlen | (ROARING << 30)))
+    q += 4
+    if l1 > 0:
+        memcpy(q, t1, <size_t>l1)
+    if l2 > 0:
+        memcpy(q + l1, t2, <size_t>l2)
+    q += tlen
+    if ser == NULL:
+        rtb_st32s(q, vals, k)
+        w.data_len += 4 + tlen + 4 * k
+    else:
+        rtb_st32(q, <uint32_t>k)
+        memcpy(q + 4, ser, <size_t>ser_len)
+        w.data_len += 8 + tlen + ser_len
     w.n_terms += 1
 
 
-cdef inline Py_ssize_t _w_size(const WState* w) noexcept nogil:
-    return 12 + 4 * w.n + w.data_len
+cdef void _w_write_block(const WState* w, unsigned char* q) noexcept nogil:
+    """Write the pending block (``_w_size(w)`` bytes, at most 4 GiB) to ``q``."""
+    cdef Py_ssize_t n = w.n, i, table_end = 12 + 4 * w.n
+    rtb_st32(q, MAGIC)
+    rtb_st32(q + 4, <uint32_t>n)
+    for i in range(n):
+        rtb_st32(q + 8 + 4 * i, <uint32_t>(table_end + w.starts[i]))
+    rtb_st32(q + 8 + 4 * n, <uint32_t>(table_end + w.data_len))
+    memcpy(q + table_end, w.data, <size_t>w.data_len)
+
+
+cdef int _w_flush_to(WState* w, BlockOut* out) noexcept nogil:
+    """Append the pending block to ``out`` and empty ``w`` (``w.last`` is left as it was).
+
+    Returns 0, -1 when out of memory, -2 when the block is larger than 4 GiB.
+    """
+    cdef Py_ssize_t size = _w_size(w), cap
+    cdef void* q
+    if size > <Py_ssize_t>MAXU32:
+        return -2
+    if out.len + size > out.cap:
+        cap = max(2 * out.cap, out.len + size, 1 << 16)
+        q = realloc(out.data, <size_t>cap)
+        if q == NULL:
+            return -1
+        out.data = <unsigned char*>q
+        out.cap = cap
+    if out.n >= out.ends_cap:
+        cap = max(2 * out.ends_cap, 64)
+        q = realloc(out.ends, <size_t>cap * sizeof(Py_ssize_t))
+        if q == NULL:
+            return -1
+        out.ends = <Py_ssize_t*>q
+        out.ends_cap = cap
+    _w_write_block(w, out.data + out.len)
+    out.len += size
+    out.ends[out.n] = out.len
+    out.n += 1
+    w.n = 0
+    w.data_len = 0
+    return 0
+
+
+cdef list _blockout_list(const BlockOut* out):
+    """``(first_term, block)`` of every block of ``out``, as BlockWriter returns them."""
+    cdef list res = []
+    cdef Py_ssize_t i, start = 0
+    cdef const unsigned char* p
+    cdef uint32_t table_end
+    for i in range(out.n):
+        p = out.data + start
+        table_end = rtb_ld32(p + 8)
+        first = PyBytes_FromStringAndSize(<const char*>(p + table_end + 4),
+                                          rtb_ld32(p + table_end) & MAX_TERM)
+        block = PyBytes_FromStringAndSize(<const char*>p, out.ends[i] - start)
+        res.append((first, block))
+        start = out.ends[i]
+    return res
+
+
+cdef void _blockout_free(BlockOut* out) noexcept nogil:
+    free(out.data)
+    free(out.ends)
+    out.data = NULL
+    out.ends = NULL
+    out.len = out.cap = out.n = out.ends_cap = 0
+
+
+cdef bytes _roaring_or_none(const offset_t* vals, Py_ssize_t k, object arr):
+    """``BitMap(vals[:k]).serialize()`` when the roaring encoding wins, else None (raw).
+
+    The one place that makes the choice: raw when ``_surely_raw`` (always below RAW_MAX
+    offsets), else as ``_roaring_ser`` decides. ``arr``: an ``array('I')`` holding
+    ``vals[:k]`` (None: a copy is made).
+    """
+    if _surely_raw(vals, k):
+        return None
+    return _roaring_ser(vals, k, arr)
+
+
+cdef bytes _roaring_ser(const offset_t* vals, Py_ssize_t k, object arr):
+    """``_roaring_or_none`` for a posting that ``_surely_raw`` already turned down:
+    ``BitMap(vals[:k]).serialize()`` when ``4 + len(serialized) < 4k``, else None."""
+    cdef array.array a
+    cdef bytes ser
+    if arr is None:
+        a = array.clone(_U32, k, False)
+        memcpy(a.data.as_uints, vals, <size_t>k * 4)
+        arr = a
+    ser = BitMap(arr).serialize()
+    if 4 + PyBytes_GET_SIZE(ser) < 4 * k:
+        return ser
+    return None
 
 
 cdef class BlockWriter:
@@ -552,35 +637,14 @@ cdef class BlockWriter:
                      Py_ssize_t k, object arr):
         """Encode one non-empty increasing posting; returns a finished block or None."""
         cdef WState* w = &self.w
-        cdef bytes ser = None
-        cdef int kind = RAW
-        cdef Py_ssize_t plen = 4 * k, need
-        cdef array.array a
-        cdef unsigned char* q
-        if not _surely_raw(vals, k):
-            if arr is None:
-                a = array.clone(_U32, k, False)
-                memcpy(a.data.as_uints, vals, <size_t>k * 4)
-                arr = a
-            ser = BitMap(arr).serialize()
-            if 4 + PyBytes_GET_SIZE(ser) < 4 * k:
-                kind = ROARING
-                plen = 4 + PyBytes_GET_SIZE(ser)
-        need = 4 + tlen + plen
-        _w_reserve(w, need)
-        if kind == RAW:
-            _w_put_raw(w, term, tlen, vals, k)
+        cdef bytes ser = _roaring_or_none(vals, k, arr)
+        if ser is None:
+            _w_reserve(w, _w_entry_size(tlen, k, -1))
+            _w_put(w, term, tlen, NULL, 0, vals, k, NULL, 0)
         else:
-            q = w.data + w.data_len
-            w.starts[w.n] = <uint32_t>w.data_len
-            w.n += 1
-            rtb_st32(q, <uint32_t>(tlen | (ROARING << 30)))
-            if tlen > 0:
-                memcpy(q + 4, term, <size_t>tlen)
-            rtb_st32(q + 4 + tlen, <uint32_t>k)
-            memcpy(q + 8 + tlen, PyBytes_AS_STRING(ser), <size_t>(plen - 4))
-            w.data_len += need
-            w.n_terms += 1
+            _w_reserve(w, _w_entry_size(tlen, k, PyBytes_GET_SIZE(ser)))
+            _w_put(w, term, tlen, NULL, 0, vals, k,
+                   <const unsigned char*>PyBytes_AS_STRING(ser), PyBytes_GET_SIZE(ser))
         if _w_size(w) >= w.target:
             return self._flush()
         return None
@@ -593,21 +657,13 @@ cdef class BlockWriter:
 
     cdef object _flush(self):
         cdef WState* w = &self.w
-        cdef Py_ssize_t n = w.n, i, table_end = 12 + 4 * w.n, total = table_end + w.data_len
-        cdef Py_ssize_t s, llen
-        cdef unsigned char* q
+        cdef Py_ssize_t total = _w_size(w), s, llen
         if total > <Py_ssize_t>MAXU32:
             raise ValueError("block larger than 4 GiB")
         out = PyBytes_FromStringAndSize(NULL, total)
-        q = <unsigned char*>PyBytes_AS_STRING(out)
-        rtb_st32(q, MAGIC)
-        rtb_st32(q + 4, <uint32_t>n)
-        for i in range(n):
-            rtb_st32(q + 8 + 4 * i, <uint32_t>(table_end + w.starts[i]))
-        rtb_st32(q + 8 + 4 * n, <uint32_t>total)
-        memcpy(q + table_end, w.data, <size_t>w.data_len)
+        _w_write_block(w, <unsigned char*>PyBytes_AS_STRING(out))
         first = PyBytes_FromStringAndSize(<const char*>(w.data + 4), rtb_ld32(w.data) & MAX_TERM)
-        s = w.starts[n - 1]
+        s = w.starts[w.n - 1]
         llen = rtb_ld32(w.data + s) & MAX_TERM
         if llen > w.last_cap:
             w.last = <unsigned char*>_safe_realloc(w.last, <size_t>llen)
@@ -853,7 +909,7 @@ cdef Py_ssize_t _fast(MState* m) noexcept nogil:
             memcpy(m.last, tp, <size_t>tl)
         m.last_len = tl
         if cnt > 0:
-            _w_put_raw(w, m.last, tl, m.scratch, cnt)
+            _w_put(w, m.last, tl, NULL, 0, m.scratch, cnt, NULL, 0)
         for j in range(m.k):
             c = m.cs[j]
             if c.hit:

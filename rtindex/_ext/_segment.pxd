@@ -43,6 +43,38 @@ cdef struct Pending:
     Py_ssize_t vlen  # length of the encoded value (for nbytes)
 
 
+cdef struct SortItem:
+    uint64_t key  # sort key at the current depth: TEntry.key for numeric terms; for strings
+                  # 8 bytes of the encoded value (big-endian, zero-padded), the first 8 first
+    TEntry* e  # the term's entry (the table cannot move while a TermSort exists)
+    const unsigned char* v  # string term: its encoded value (escaped UTF-8 + 00 00) in
+                            # the TermSort arena, its length in the 8 bytes before; else NULL
+
+
+cdef struct TermSort:
+    SortItem* items  # every term, bucketed by column key rank; in term order once sorted
+    size_t n  # terms (== SegmentBuilder._n_terms)
+    size_t* bucket  # rank -> start of its bucket in items (n_ranks + 1 entries, the last n)
+    SortItem* tmp  # scratch of the radix sort (as large as the largest bucket)
+    unsigned char** chunks  # the arena: encoded values of the string terms, each after its
+                            # length (a size_t), in chunks that never move
+    size_t n_chunks  # chunks in use
+    size_t chunks_cap  # entries of chunks allocated
+    unsigned char* free_at  # first free byte of the last chunk
+    size_t free_len  # free bytes there
+    uint32_t* rank_of  # column id -> rank of its column key among the sorted column keys
+    size_t n_ranks  # column keys with terms
+    const unsigned char** ck  # rank -> column key bytes (borrowed: the _Column objects own them)
+    Py_ssize_t* ck_len  # rank -> column key length
+    unsigned char* ck_tag  # rank -> type tag
+    TEntry** cand  # entries whose postings may encode as roaring (>= 64 rows), in table order
+    size_t n_cand  # entries of cand in use
+    size_t cand_cap  # entries of cand allocated
+    const unsigned char** ser  # write_blocks: cand i -> its serialized BitMap (borrowed), NULL: raw
+    Py_ssize_t* ser_len  # write_blocks: cand i -> length of ser
+    size_t bad  # write_blocks: index in items of the first term too long for a block
+
+
 cdef struct Where:
     const Where* up  # the enclosing container, NULL at the document root
     PyObject* key  # object key of this value (borrowed), NULL for an array element
@@ -103,6 +135,7 @@ cdef class SegmentBuilder:
     cdef size_t _cap_doc_cols  # entries of _doc_cols allocated
     cdef bint _busy  # inside add(): guards against re-entry (e.g. from another thread)
     cdef Py_ssize_t _fail_at  # tests: MemoryError before resolving queued term n (-1: never)
+    cdef Py_ssize_t _pins  # write_blocks() calls under way (they release the GIL): add() refuses
 
     cdef TEntry* _find(self, uint32_t cid, uint64_t key, str sv)
     cdef TEntry* _find_tid(self, Py_ssize_t tid)
@@ -117,6 +150,8 @@ cdef class SegmentBuilder:
     cdef bytes _term_bytes(self, Py_ssize_t tid)
     cdef Py_ssize_t _term_id(self, bytes term) except -2
     cdef array _postings_copy(self, Py_ssize_t tid, uint64_t limit)
+    cdef list _sort_prepare(self, TermSort* s)
+    cdef int _sort_terms(self, TermSort* s) noexcept nogil
     cdef _Node _lookup_child(self, _Node parent, object key)
     cdef _Node _new_child(self, _Node parent, object key)
     cdef _Node _child(self, _Node parent, object key)

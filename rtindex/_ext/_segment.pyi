@@ -26,5 +26,9 @@ class SegmentBuilder:
         """All (term, offsets) pairs sorted by term: what a seal writes."""
     def columns(self) -> list[tuple[bytes, array, list[Any]]]:
         """(column key, offsets, values) for every column, sorted by column key."""
+    def column(self, column_key: bytes, limit: int) -> tuple[array, list[Any]]:
+        """(offsets, values) of one column's rows with offset < ``limit``: new array and list."""
+    def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]:
+        """The term blocks of a seal: what ``BlockWriter(target_bytes)`` makes of ``sorted_postings()``."""
     def _test_fail_commit_at(self, n: int) -> None:
         """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term."""

@@ -16,7 +16,9 @@ them new in a high-cardinality stream):
   table entry, so an existing term costs one cache miss, not the three or four of a dict of
   terms plus a separate posting array;
 - term *bytes* are not built while indexing: a term keeps its column and value, and the
-  bytes are made when read (``sorted_postings`` at seal time, ``column_terms``, ``postings``);
+  bytes are made when read (``column_terms``, ``postings``, ``sorted_postings``); the seal
+  (``write_blocks``) never makes them as Python objects: it sorts the terms and encodes the
+  term blocks in C, with the block format code of ``_blocks`` (cimported);
 - a posting list of one or two rows is stored inline in the entry (most high-cardinality
   terms), longer ones in a heap block grown by doubling;
 - ``add`` works in two phases. The walk validates every value, fills the column store and
@@ -27,13 +29,14 @@ them new in a high-cardinality stream):
   (postings ending with its offset, the terms it created, column values): all or nothing.
 
 Not thread-safe, like the reference: one writer at a time, readers between ``add`` calls
-(``rtindex.shard`` holds a lock around both). Nothing here releases the GIL: copying a
-posting list is a memcpy of at most a few MB, and a reader without the GIL would race with
-a writer that moves the table.
+(``rtindex.shard`` holds a lock around both). Only ``write_blocks`` releases the GIL (for
+all but the BitMap work and making its output); ``add`` raises RuntimeError meanwhile, so
+nothing moves the table under it. Other reads keep the GIL: copying a posting list is a
+memcpy of at most a few MB.
 """
 
 cimport cython
-from cpython.array cimport array, clone
+from cpython.array cimport array, clone, resize_smart
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItemWithError, PyDict_Next
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
@@ -43,9 +46,25 @@ from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_AsUTF8String, PyUnicode_FromObject
 from libc.math cimport isfinite, signbit
 from libc.stdint cimport uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, qsort, realloc
-from libc.string cimport memchr, memcpy, memset
+from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.string cimport memchr, memcmp, memcpy, memset
 
+from rtindex._ext._blocks cimport (
+    MAX_TERM,
+    RAW_MAX,
+    BlockOut,
+    BlockWriter,
+    WState,
+    _blockout_free,
+    _blockout_list,
+    _roaring_ser,
+    _surely_raw,
+    _w_entry_size,
+    _w_flush_to,
+    _w_grow,
+    _w_put,
+    _w_size,
+)
 from rtindex._ext._types cimport offset_t, term_id_t
 
 import os
@@ -67,9 +86,6 @@ cdef extern from "Python.h":
     void Py_LeaveRecursiveCall()
     const Py_ssize_t PY_SSIZE_T_MAX
     void PyObject_GC_UnTrack(object o)
-    # Two exact str cannot fail. Declared nogil only to be usable in a qsort comparator,
-    # which runs with the GIL held.
-    int _ucmp "PyUnicode_Compare"(PyObject* a, PyObject* b) nogil
     # Renamed so that Cython does not add its own error check: callers test the result.
     int _list_append "PyList_Append"(object lst, object item)
 
@@ -80,8 +96,16 @@ cdef extern from *:
     #define RT_MIX2 0x94D049BB133111EBULL
     #define RT_SIGN 0x8000000000000000ULL
     #define rt_prefetch(p) __builtin_prefetch(p)
+    /* The character data of an exact str: plain field reads, no reference counting. */
+    static inline const void* rt_str_data(PyObject* s, int* kind, Py_ssize_t* n, int* ascii) {
+        *kind = PyUnicode_KIND(s);
+        *n = PyUnicode_GET_LENGTH(s);
+        *ascii = PyUnicode_IS_ASCII(s);
+        return PyUnicode_DATA(s);
+    }
     """
     void rt_prefetch(const void* p) noexcept nogil
+    const void* rt_str_data(PyObject* s, int* kind, Py_ssize_t* n, int* ascii) noexcept nogil
     const uint64_t RT_GOLDEN
     const uint64_t RT_MIX1
     const uint64_t RT_MIX2
@@ -310,73 +334,6 @@ cdef object utf8(str s, const char** out, Py_ssize_t* n):
     return b
 
 
-cdef struct SortRec:
-    uint32_t rank  # position of the term's column key in sorted order
-    uint64_t key  # numeric terms: TEntry.key; strings: their first 8 UTF-8 bytes (big-endian)
-    PyObject* sv  # the str of a STRING term (borrowed), else NULL
-    PList pl  # copy of the entry's posting list (a heap block stays the entry's)
-
-
-cdef int cmp_rec(const void* a, const void* b) noexcept nogil:
-    """Term order: column key, then value (numeric key, or str by code point = UTF-8 bytes)."""
-    cdef const SortRec* x = <const SortRec*>a
-    cdef const SortRec* y = <const SortRec*>b
-    if x.rank != y.rank:
-        return -1 if x.rank < y.rank else 1
-    if x.key != y.key:
-        return -1 if x.key < y.key else 1
-    if x.sv != NULL:  # same 8-byte prefix: compare the strings
-        return _ucmp(x.sv, y.sv)
-    return 0
-
-
-cdef uint64_t utf8_prefix(str s) noexcept:
-    """The first 8 bytes of ``s``'s UTF-8, zero-padded, as a big-endian number.
-
-    Ordered like the strings whenever two prefixes differ (UTF-8 keeps code point order).
-    """
-    cdef int kind = PyUnicode_KIND(s)
-    cdef const void* data = PyUnicode_DATA(s)
-    cdef Py_ssize_t i, n = PyUnicode_GET_LENGTH(s)
-    cdef uint64_t out = 0
-    cdef int nb = 0, k, m
-    cdef uint32_t c
-    cdef unsigned char enc[4]
-    for i in range(n):
-        if kind == 1:
-            c = (<const unsigned char*>data)[i]
-        elif kind == 2:
-            c = (<const uint16_t*>data)[i]
-        else:
-            c = (<const uint32_t*>data)[i]
-        if c < 0x80:
-            enc[0] = c
-            m = 1
-        elif c < 0x800:
-            enc[0] = 0xC0 | (c >> 6)
-            enc[1] = 0x80 | (c & 0x3F)
-            m = 2
-        elif c < 0x10000:
-            enc[0] = 0xE0 | (c >> 12)
-            enc[1] = 0x80 | ((c >> 6) & 0x3F)
-            enc[2] = 0x80 | (c & 0x3F)
-            m = 3
-        else:
-            enc[0] = 0xF0 | (c >> 18)
-            enc[1] = 0x80 | ((c >> 12) & 0x3F)
-            enc[2] = 0x80 | ((c >> 6) & 0x3F)
-            enc[3] = 0x80 | (c & 0x3F)
-            m = 4
-        for k in range(m):
-            if nb == 8:
-                return out
-            out = (out << 8) | enc[k]
-            nb += 1
-    if nb == 0:
-        return 0
-    return out << (8 * (8 - nb)) if nb < 8 else out
-
-
 cdef array vec_array(const U32Vec* v):
     """A new ``array('I')`` holding a copy of ``v``'s entries."""
     cdef size_t n = v.n
@@ -398,6 +355,343 @@ cdef str where_str(const Where* where):
 
 cdef inline int nesting_error(SegmentBuilder b, const Where* where) except -1:
     raise SchemaError(f"nesting deeper than {b._max_depth_obj} levels", where_str(where))
+
+
+# ---------------------------------------------------------------- term order, without the GIL
+#
+# sorted_postings() and write_blocks() order the terms the same way. Column keys are
+# prefix-free, so terms sort by column key, then by value, and the value encodings preserve
+# order: numeric terms sort by their 64-bit key, strings by their encoded bytes. So one
+# sequential pass over the table puts a SortItem per term into the bucket of its column key
+# (bucket sizes are the columns' term counts), encoding string values into a C arena on the
+# way; then each bucket is radix-sorted by the 64-bit key (for strings: the first 8 encoded
+# bytes), and runs of equal string keys are ordered by the next 8 bytes, and so on (encoded
+# strings are prefix-free: two distinct ones differ within the shorter one).
+# Nothing here touches a Python object but for reading the characters of strs the builder
+# owns (immutable, kept alive by _vals; add() refuses while write_blocks runs): so
+# _sort_terms() and encode_blocks() need no GIL, and the comparisons read only C memory.
+
+
+cdef size_t encode_str(PyObject* sv, unsigned char* out) noexcept nogil:
+    """Write ``escape(UTF-8 of sv) + 00 00`` to ``out`` (room: ``str_bound``); returns its length.
+
+    ``sv`` holds no lone surrogate (``add`` rejects them), so this is exactly
+    ``keys.encode_string``.
+    """
+    cdef int kind, ascii
+    cdef Py_ssize_t n, i
+    cdef const void* data = rt_str_data(sv, &kind, &n, &ascii)
+    cdef const unsigned char* d1 = <const unsigned char*>data
+    cdef const unsigned char* z
+    cdef unsigned char* q = out
+    cdef uint32_t c
+    if ascii:
+        i = 0
+        while i < n:
+            z = <const unsigned char*>memchr(d1 + i, 0, <size_t>(n - i))
+            if z == NULL:
+                memcpy(q, d1 + i, <size_t>(n - i))
+                q += n - i
+                break
+            memcpy(q, d1 + i, <size_t>(z - d1 - i))
+            q += z - d1 - i
+            q[0] = 0
+            q[1] = 0xFF
+            q += 2
+            i = z - d1 + 1
+    else:
+        for i in range(n):
+            if kind == 1:
+                c = d1[i]
+            elif kind == 2:
+                c = (<const uint16_t*>data)[i]
+            else:
+                c = (<const uint32_t*>data)[i]
+            if c < 0x80:
+                q[0] = <unsigned char>c
+                q += 1
+                if c == 0:
+                    q[0] = 0xFF
+                    q += 1
+            elif c < 0x800:
+                q[0] = 0xC0 | (c >> 6)
+                q[1] = 0x80 | (c & 0x3F)
+                q += 2
+            elif c < 0x10000:
+                q[0] = 0xE0 | (c >> 12)
+                q[1] = 0x80 | ((c >> 6) & 0x3F)
+                q[2] = 0x80 | (c & 0x3F)
+                q += 3
+            else:
+                q[0] = 0xF0 | (c >> 18)
+                q[1] = 0x80 | ((c >> 12) & 0x3F)
+                q[2] = 0x80 | ((c >> 6) & 0x3F)
+                q[3] = 0x80 | (c & 0x3F)
+                q += 4
+    q[0] = 0
+    q[1] = 0
+    return <size_t>(q + 2 - out)
+
+
+cdef inline size_t str_bound(PyObject* sv) noexcept nogil:
+    """Bytes ``encode_str`` may write: 2 per char of a 1-byte str (NUL: 00 FF; >= 0x80: 2
+    UTF-8 bytes), 3 per 2-byte char, 4 per 4-byte char, then 2."""
+    cdef int kind, ascii
+    cdef Py_ssize_t n
+    rt_str_data(sv, &kind, &n, &ascii)
+    return <size_t>n * (<size_t>kind + 1 if kind < 4 else 4) + 2
+
+
+cdef inline uint64_t be_prefix(const unsigned char* p, size_t n) noexcept nogil:
+    """The first 8 bytes of ``p[:n]``, zero-padded, as a big-endian number."""
+    cdef uint64_t v = 0
+    cdef size_t i
+    for i in range(8):
+        v = (v << 8) | (p[i] if i < n else 0)
+    return v
+
+
+cdef enum:
+    PREFETCH_SLOTS = 64  # the table scan prefetches the str of the slot this far ahead
+    PREFETCH_ITEMS = 8  # encode_blocks prefetches postings this many terms ahead (entries: 2x)
+    ARENA_CHUNK = 1 << 20  # bytes of one arena chunk (more for a longer string)
+    SMALL_SORT = 32  # below this many items: insertion sort
+    MAX_REFINE = 32  # past 8 * 32 equal leading bytes, a run of strings is qsorted instead
+
+
+cdef inline size_t str_len(const unsigned char* v) noexcept nogil:
+    """Length of the encoded string at ``v`` in a TermSort arena (stored just before it)."""
+    cdef size_t n
+    memcpy(&n, v - sizeof(size_t), sizeof(size_t))
+    return n
+
+
+cdef inline int cmp_str_from(const unsigned char* x, const unsigned char* y, size_t d) noexcept nogil:
+    """Compare two encoded strings whose first ``d`` bytes are equal (both longer than ``d``)."""
+    cdef size_t xn = str_len(x), yn = str_len(y)
+    cdef int r = memcmp(x + d, y + d, (xn if xn < yn else yn) - d)
+    if r != 0:
+        return r
+    return (xn > yn) - (xn < yn)
+
+
+cdef int cmp_item_str(const void* a, const void* b) noexcept nogil:
+    """qsort comparator of the SortItems of string terms: their encoded bytes."""
+    return cmp_str_from((<const SortItem*>a).v, (<const SortItem*>b).v, 0)
+
+
+cdef void radix_sort(SortItem* a, SortItem* tmp, size_t n) noexcept nogil:
+    """Sort ``a[:n]`` by ``key`` (LSD radix by bytes; bytes equal in every key are skipped)."""
+    cdef size_t hist[8][256]
+    cdef size_t i, j, pos, c
+    cdef SortItem* src = a
+    cdef SortItem* dst = tmp
+    cdef SortItem* sw
+    cdef SortItem x
+    cdef uint64_t k
+    cdef int d, shift
+    if n < SMALL_SORT:
+        for i in range(1, n):
+            x = a[i]
+            j = i
+            while j > 0 and a[j - 1].key > x.key:
+                a[j] = a[j - 1]
+                j -= 1
+            a[j] = x
+        return
+    memset(hist, 0, sizeof(hist))
+    for i in range(n):
+        k = a[i].key
+        for d in range(8):
+            hist[d][(k >> (8 * d)) & 0xFF] += 1
+    for d in range(8):
+        shift = 8 * d
+        if hist[d][(src[0].key >> shift) & 0xFF] == n:
+            continue
+        pos = 0
+        for j in range(256):
+            c = hist[d][j]
+            hist[d][j] = pos
+            pos += c
+        for i in range(n):
+            j = (src[i].key >> shift) & 0xFF
+            dst[hist[d][j]] = src[i]
+            hist[d][j] += 1
+        sw = src
+        src = dst
+        dst = sw
+    if src != a:
+        memcpy(a, src, n * sizeof(SortItem))
+
+
+cdef void refine_strings(SortItem* a, SortItem* tmp, size_t n, size_t d, int level) noexcept nogil:
+    """Order the runs of equal keys in ``a[:n]``: string terms sorted by their first ``d`` bytes."""
+    cdef size_t i = 0, j, m, t, u, vn
+    cdef SortItem x
+    while i < n:
+        j = i + 1
+        while j < n and a[j].key == a[i].key:
+            j += 1
+        m = j - i
+        if m > 1:
+            # Distinct encoded strings differ within the shorter: all of these are longer than d.
+            if m < SMALL_SORT:
+                for t in range(i + 1, j):
+                    x = a[t]
+                    u = t
+                    while u > i and cmp_str_from(a[u - 1].v, x.v, d) > 0:
+                        a[u] = a[u - 1]
+                        u -= 1
+                    a[u] = x
+            elif level >= MAX_REFINE:
+                qsort(a + i, m, sizeof(SortItem), cmp_item_str)
+            else:
+                for t in range(i, j):
+                    vn = str_len(a[t].v)
+                    a[t].key = be_prefix(a[t].v + d, vn - d if vn > d else 0)
+                radix_sort(a + i, tmp + i, m)
+                refine_strings(a + i, tmp + i, m, d + 8, level + 1)
+        i = j
+
+
+cdef inline size_t term_value(const TermSort* s, const SortItem* it, uint32_t rank,
+                              unsigned char* buf, const unsigned char** v) noexcept nogil:
+    """Length of the encoded value of term ``it`` (column key rank ``rank``); sets ``v`` to it
+    (strings: in the arena; numbers and booleans: written to ``buf[:8]``)."""
+    cdef int tag, i
+    cdef uint64_t key
+    if it.v != NULL:
+        v[0] = it.v
+        return str_len(it.v)
+    v[0] = buf
+    tag = s.ck_tag[rank]
+    key = it.e.key
+    if tag == INT_TAG or tag == FLOAT_TAG or tag == TIMESTAMP_TAG:
+        for i in range(8):
+            buf[i] = <unsigned char>((key >> (56 - 8 * i)) & 0xFF)
+        return 8
+    if tag == BOOL_TAG:
+        buf[0] = <unsigned char>key
+        return 1
+    return 0
+
+
+cdef unsigned char* arena_room(TermSort* s, size_t need) noexcept nogil:
+    """``need`` free bytes at the end of the arena (a new chunk if needed); NULL: no memory."""
+    cdef size_t size, cap
+    cdef void* q
+    if need > s.free_len:
+        if s.n_chunks == s.chunks_cap:
+            cap = s.chunks_cap * 2 if s.chunks_cap else 16
+            q = realloc(s.chunks, cap * sizeof(unsigned char*))
+            if q == NULL:
+                return NULL
+            s.chunks = <unsigned char**>q
+            s.chunks_cap = cap
+        size = need if need > ARENA_CHUNK else ARENA_CHUNK
+        q = malloc(size)
+        if q == NULL:
+            return NULL
+        s.chunks[s.n_chunks] = <unsigned char*>q
+        s.n_chunks += 1
+        s.free_at = <unsigned char*>q
+        s.free_len = size
+    return s.free_at
+
+
+cdef int sort_error(int rc) except -1:
+    """Raise for the -1 (out of memory) and -4 (bug) results of _sort_terms/encode_blocks."""
+    if rc == -1:
+        raise MemoryError()
+    if rc == -4:  # pragma: no cover
+        raise AssertionError("SegmentBuilder: the term table does not match the columns")
+    return 0
+
+
+cdef void sort_free(TermSort* s) noexcept nogil:
+    cdef size_t i
+    for i in range(s.n_chunks):
+        free(s.chunks[i])
+    free(s.chunks)
+    free(s.items)
+    free(s.bucket)
+    free(s.tmp)
+    free(s.rank_of)
+    free(s.ck)
+    free(s.ck_len)
+    free(s.ck_tag)
+    free(s.cand)
+    free(s.ser)
+    free(s.ser_len)
+    memset(s, 0, sizeof(TermSort))
+
+
+cdef inline size_t find_cand(const TermSort* s, const TEntry* e) noexcept nogil:
+    """Index in ``s.cand`` of ``e`` (one of them: cand is in table order)."""
+    cdef size_t lo = 0, hi = s.n_cand, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if s.cand[mid] < e:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef int encode_blocks(TermSort* s, WState* w, BlockOut* out) noexcept nogil:
+    """Encode every term, in order, into blocks (as BlockWriter.add does) appended to ``out``.
+
+    The roaring decisions of the candidates are in ``s.ser``. Returns 0, -1 when out of
+    memory, -2 when a block is larger than 4 GiB, -3 when term ``s.items[s.bad]`` is too long.
+    """
+    cdef size_t i, c, vlen
+    cdef Py_ssize_t cl, tlen, k, ser_len
+    cdef const SortItem* it
+    cdef TEntry* e
+    cdef uint32_t rank
+    cdef const unsigned char* ser
+    cdef const unsigned char* v
+    cdef unsigned char buf[8]
+    cdef int rc
+    for i in range(s.n):
+        # Terms come in sorted order, their entries and strings in table order: prefetch.
+        if i + 2 * PREFETCH_ITEMS < s.n:
+            rt_prefetch(s.items[i + 2 * PREFETCH_ITEMS].e)
+            if s.items[i + 2 * PREFETCH_ITEMS].v != NULL:
+                rt_prefetch(s.items[i + 2 * PREFETCH_ITEMS].v - sizeof(size_t))
+        if i + PREFETCH_ITEMS < s.n:
+            e = s.items[i + PREFETCH_ITEMS].e
+            if e.pl.n > PLIST_INLINE:
+                rt_prefetch(e.pl.d.heap)
+        it = &s.items[i]
+        e = it.e
+        k = e.pl.n
+        if k == 0:
+            continue
+        ser = NULL
+        ser_len = -1
+        if k >= RAW_MAX and s.n_cand > 0:
+            c = find_cand(s, e)
+            if c < s.n_cand and s.cand[c] == e and s.ser[c] != NULL:
+                ser = s.ser[c]
+                ser_len = s.ser_len[c]
+        rank = s.rank_of[e.cid1 - 1]
+        vlen = term_value(s, it, rank, buf, &v)
+        cl = s.ck_len[rank]
+        if vlen > <size_t>MAX_TERM or cl + <Py_ssize_t>vlen > MAX_TERM:
+            s.bad = i
+            return -3
+        tlen = cl + <Py_ssize_t>vlen
+        if _w_grow(w, _w_entry_size(tlen, k, ser_len)) < 0:
+            return -1
+        _w_put(w, s.ck[rank], cl, v, <Py_ssize_t>vlen, plist_data(&e.pl), k, ser, ser_len)
+        if _w_size(w) >= w.target:
+            rc = _w_flush_to(w, out)
+            if rc < 0:
+                return rc
+    if w.n > 0:
+        return _w_flush_to(w, out)
+    return 0
 
 
 # ---------------------------------------------------------------- path tree
@@ -514,6 +808,9 @@ cdef class SegmentBuilder:
             raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
         if self._busy:
             raise RuntimeError("SegmentBuilder.add() re-entered: a builder has one writer")
+        if self._pins:
+            raise RuntimeError("SegmentBuilder.add() while write_blocks() reads the builder: "
+                               "add rows to a builder before sealing it, not during")
         if self._n >= MAX_ROWS:
             raise OverflowError("a segment holds at most 2**32 - 1 rows: seal it first")
         self._busy = True
@@ -1193,59 +1490,145 @@ cdef class SegmentBuilder:
         """Column keys (path + type) that have at least one term, in first-term order."""
         return list(self._colkeys)
 
+    cdef list _sort_prepare(self, TermSort* s):
+        """Column key ranks, buckets and buffers of ``_sort_terms``; returns the sorted column
+        keys, which own the bytes ``s.ck`` points into (keep the list alive meanwhile)."""
+        cdef _Column col
+        cdef Py_ssize_t i, ncols = len(self._cols), nck
+        cdef size_t total = 0, largest = 0
+        cks = sorted(self._colkeys)
+        nck = len(cks)
+        s.rank_of = <uint32_t*>safe_realloc(NULL, ncols, sizeof(uint32_t))
+        memset(s.rank_of, 0, ncols * sizeof(uint32_t))
+        s.ck = <const unsigned char**>safe_realloc(NULL, nck, sizeof(const unsigned char*))
+        s.ck_len = <Py_ssize_t*>safe_realloc(NULL, nck, sizeof(Py_ssize_t))
+        s.ck_tag = <unsigned char*>safe_realloc(NULL, nck, sizeof(unsigned char))
+        s.bucket = <size_t*>safe_realloc(NULL, nck + 1, sizeof(size_t))
+        for i in range(nck):
+            ck = <bytes>PyList_GET_ITEM(cks, i)
+            col = <_Column>self._colobjs[ck]
+            s.rank_of[col.cid] = <uint32_t>i
+            s.ck[i] = <const unsigned char*>PyBytes_AS_STRING(ck)
+            s.ck_len[i] = PyBytes_GET_SIZE(ck)
+            s.ck_tag[i] = <unsigned char>col.tag
+            s.bucket[i] = total
+            total += col.tids.n  # the column's terms
+            largest = max(largest, col.tids.n)
+        s.bucket[nck] = total
+        s.n_ranks = <size_t>nck
+        s.n = <size_t>self._n_terms
+        if total != s.n:  # pragma: no cover - an internal inconsistency
+            raise AssertionError(f"SegmentBuilder: {total} terms in columns, {s.n} in the table")
+        s.items = <SortItem*>safe_realloc(NULL, s.n, sizeof(SortItem))
+        s.tmp = <SortItem*>safe_realloc(NULL, largest, sizeof(SortItem))
+        return cks
+
+    cdef int _sort_terms(self, TermSort* s) noexcept nogil:
+        """Fill ``s.items`` in term order, and ``s.cand``; -1 when out of memory, -4 when
+        the table does not match the columns' term counts (a bug).
+
+        Needs no GIL (see "term order" above); the table must not change meanwhile.
+        """
+        cdef size_t i, j, need, cap, c, mask = self._mask
+        cdef TEntry* e
+        cdef SortItem* it
+        cdef uint32_t rank
+        cdef unsigned char* p
+        cdef void* q
+        cdef size_t* pos
+        cdef char* ahead
+        pos = <size_t*>malloc((s.n_ranks + 1) * sizeof(size_t))
+        if pos == NULL:
+            return -1
+        memcpy(pos, s.bucket, (s.n_ranks + 1) * sizeof(size_t))
+        # 1. One pass over the table, in slot order: each term to the bucket of its column.
+        for i in range(mask + 1):
+            e = &self._table[i]
+            if e.cid1 == 0:
+                continue
+            if i + PREFETCH_SLOTS <= mask:
+                ahead = <char*>self._table[i + PREFETCH_SLOTS].sv  # (stale in an empty slot: harmless)
+                if ahead != NULL:
+                    rt_prefetch(ahead)
+                    rt_prefetch(ahead + 40)  # where the state and the characters are
+            rank = s.rank_of[e.cid1 - 1]
+            j = pos[rank]
+            if j >= s.bucket[rank + 1]:  # pragma: no cover - an internal inconsistency
+                free(pos)
+                return -4
+            pos[rank] = j + 1
+            it = &s.items[j]
+            it.e = e
+            if e.pl.n >= RAW_MAX and not _surely_raw(plist_data(&e.pl), e.pl.n):
+                if s.n_cand == s.cand_cap:
+                    cap = s.cand_cap * 2 if s.cand_cap else 256
+                    q = realloc(s.cand, cap * sizeof(TEntry*))
+                    if q == NULL:
+                        free(pos)
+                        return -1
+                    s.cand = <TEntry**>q
+                    s.cand_cap = cap
+                s.cand[s.n_cand] = e
+                s.n_cand += 1
+            if e.sv == NULL:
+                it.key = e.key
+                it.v = NULL
+            else:
+                p = arena_room(s, sizeof(size_t) + str_bound(e.sv))
+                if p == NULL:
+                    free(pos)
+                    return -1
+                need = encode_str(e.sv, p + sizeof(size_t))
+                memcpy(p, &need, sizeof(size_t))
+                it.key = be_prefix(p + sizeof(size_t), need)
+                it.v = p + sizeof(size_t)
+                s.free_at += sizeof(size_t) + need
+                s.free_len -= sizeof(size_t) + need
+        free(pos)
+        # 2. Sort each bucket.
+        for c in range(s.n_ranks):
+            j = s.bucket[c]
+            radix_sort(s.items + j, s.tmp, s.bucket[c + 1] - j)
+            if s.ck_tag[c] == STRING_TAG:
+                refine_strings(s.items + j, s.tmp, s.bucket[c + 1] - j, 8, 0)
+        free(s.tmp)
+        s.tmp = NULL
+        return 0
+
     def sorted_postings(self):
         """All (term, offsets) pairs sorted by term: what a seal writes."""
-        cdef SortRec* recs = NULL
-        cdef uint32_t* rank_of = NULL
-        cdef SortRec* r
-        cdef TEntry* e
-        cdef size_t i, j = 0, n = <size_t>self._n_terms
+        cdef TermSort s
+        cdef SortItem* it
+        cdef size_t i, vlen
+        cdef uint32_t rank
+        cdef Py_ssize_t cl
+        cdef unsigned char buf[8]
+        cdef const unsigned char* v
         cdef array arr
-        cdef char buf[8]
-        cdef const char* s
-        cdef Py_ssize_t slen
-        cdef bytes ck
-        cdef int tag
+        cdef bytes t
+        cdef char* q
         if self._busy:
             raise RuntimeError("SegmentBuilder read while add() runs: a builder has one writer")
-        # Column keys are prefix-free, so terms sort by column key, then by value; the value
-        # encoding preserves order: numeric terms sort by their 64-bit key, strings by code
-        # point. One sequential pass over the table, one qsort, no hash lookups.
-        cks = sorted(self._colkeys)
+        memset(&s, 0, sizeof(TermSort))
         out = []
         self._busy = True  # no add() (e.g. from a finalizer) may move the table meanwhile
         try:
-            rank_of = <uint32_t*>safe_realloc(NULL, len(self._cols), sizeof(uint32_t))
-            for i in range(len(cks)):
-                rank_of[(<_Column>self._colobjs[cks[i]]).cid] = <uint32_t>i
-            recs = <SortRec*>safe_realloc(NULL, n, sizeof(SortRec))
-            for i in range(self._mask + 1):
-                e = &self._table[i]
-                if e.cid1:
-                    r = &recs[j]
-                    r.rank = rank_of[e.cid1 - 1]
-                    r.key = e.key if e.sv == NULL else utf8_prefix(<str>e.sv)
-                    r.sv = e.sv
-                    r.pl = e.pl
-                    j += 1
-            qsort(recs, n, sizeof(SortRec), cmp_rec)
-            for i in range(n):
-                r = &recs[i]
-                ck = <bytes>PyList_GET_ITEM(cks, r.rank)
-                tag = <unsigned char>PyBytes_AS_STRING(ck)[PyBytes_GET_SIZE(ck) - 1]
-                if r.sv != NULL:
-                    owner = utf8(<str>r.sv, &s, &slen)
-                    t = escaped_concat(ck, False, s, slen)
-                elif tag == INT_TAG or tag == FLOAT_TAG or tag == TIMESTAMP_TAG:
-                    put_be64(buf, r.key)
-                    t = fixed_concat(ck, buf, 8)
-                elif tag == BOOL_TAG:
-                    buf[0] = <char>r.key
-                    t = fixed_concat(ck, buf, 1)
+            cks = self._sort_prepare(&s)
+            sort_error(self._sort_terms(&s))  # with the GIL: no add() can interleave
+            for i in range(s.n):
+                it = &s.items[i]
+                rank = s.rank_of[it.e.cid1 - 1]
+                vlen = term_value(&s, it, rank, buf, &v)
+                if vlen == 0:
+                    t = <bytes>PyList_GET_ITEM(cks, rank)
                 else:
-                    t = ck
-                arr = clone(_U32, r.pl.n, False)
-                memcpy(arr.data.as_uints, plist_data(&r.pl), r.pl.n * sizeof(offset_t))
+                    cl = s.ck_len[rank]
+                    t = PyBytes_FromStringAndSize(NULL, cl + <Py_ssize_t>vlen)
+                    q = PyBytes_AS_STRING(t)
+                    memcpy(q, s.ck[rank], <size_t>cl)
+                    memcpy(q + cl, v, vlen)
+                arr = clone(_U32, it.e.pl.n, False)
+                memcpy(arr.data.as_uints, plist_data(&it.e.pl), it.e.pl.n * sizeof(offset_t))
                 pair = (t, arr)
                 # Neither can be part of a reference cycle; untracked, 10**5-10**6 of them do
                 # not trigger full collections of the whole heap (the reference's do).
@@ -1254,9 +1637,96 @@ cdef class SegmentBuilder:
                 out.append(pair)
         finally:
             self._busy = False
-            free(recs)
-            free(rank_of)
+            sort_free(&s)
         return out
+
+    def write_blocks(self, target_bytes=16384):
+        """The term blocks of a seal: ``[(first_term, block), ...]``.
+
+        Exactly what ``BlockWriter(target_bytes)`` returns when fed ``sorted_postings()``
+        in order (each block ``add`` returns, then ``finish()``), made without a Python
+        object per term. Runs without the GIL but for preparing, ``BitMap.serialize()`` of
+        the postings that may encode as roaring (>= 64 rows), and making the output bytes;
+        meanwhile ``add`` raises RuntimeError.
+        """
+        cdef BlockWriter writer = BlockWriter(target_bytes)  # checks target_bytes alike
+        cdef TermSort s
+        cdef BlockOut out
+        cdef TEntry* e
+        cdef size_t c
+        cdef int rc = 0
+        cdef uint32_t rank
+        cdef unsigned char buf[8]
+        cdef const unsigned char* v
+        cdef bytes ser
+        cdef array vals
+        if self._busy:
+            raise RuntimeError("SegmentBuilder read while add() runs: a builder has one writer")
+        memset(&s, 0, sizeof(TermSort))
+        memset(&out, 0, sizeof(BlockOut))
+        self._pins += 1
+        try:
+            cks = self._sort_prepare(&s)
+            with nogil:
+                rc = self._sort_terms(&s)
+                if rc == 0 and s.n_cand == 0:
+                    rc = encode_blocks(&s, &writer.w, &out)
+            if rc == 0 and s.n_cand > 0:
+                # The roaring decisions (BitMap.serialize) need the GIL: all at once.
+                s.ser = <const unsigned char**>safe_realloc(NULL, s.n_cand, sizeof(const unsigned char*))
+                s.ser_len = <Py_ssize_t*>safe_realloc(NULL, s.n_cand, sizeof(Py_ssize_t))
+                sers = []
+                vals = clone(_U32, 0, False)  # one array('I') for every BitMap(vals)
+                for c in range(s.n_cand):
+                    e = s.cand[c]
+                    resize_smart(vals, e.pl.n)
+                    memcpy(vals.data.as_uints, plist_data(&e.pl), e.pl.n * sizeof(offset_t))
+                    ser = _roaring_ser(plist_data(&e.pl), e.pl.n, vals)
+                    if ser is None:
+                        s.ser[c] = NULL
+                        s.ser_len[c] = -1
+                    else:
+                        sers.append(ser)
+                        s.ser[c] = <const unsigned char*>PyBytes_AS_STRING(ser)
+                        s.ser_len[c] = PyBytes_GET_SIZE(ser)
+                with nogil:
+                    rc = encode_blocks(&s, &writer.w, &out)
+            sort_error(rc)
+            if rc == -2:
+                raise ValueError("block larger than 4 GiB")
+            if rc == -3:
+                rank = s.rank_of[s.items[s.bad].e.cid1 - 1]
+                tlen = s.ck_len[rank] + <Py_ssize_t>term_value(&s, &s.items[s.bad], rank, buf, &v)
+                raise ValueError(f"term of {tlen} bytes is too long (at most {MAX_TERM})")
+            return _blockout_list(&out)
+        finally:
+            self._pins -= 1
+            sort_free(&s)
+            _blockout_free(&out)
+
+    def column(self, column_key, limit):
+        """(offsets, values) of one column's rows with offset < ``limit``: new array and list.
+
+        Unknown column keys give ``(array('I'), [])``. The values are the column's own
+        objects (copied list, same items).
+        """
+        cdef _Column col
+        cdef Py_ssize_t cut
+        cdef long long lim
+        cdef int overflow = 0
+        cdef array offs
+        col = self._colobjs.get(column_key)
+        lim = PyLong_AsLongLongAndOverflow(_index(limit), &overflow)
+        if col is None or overflow < 0 or (overflow == 0 and lim <= 0):
+            return clone(_U32, 0, False), []
+        if overflow > 0 or <unsigned long long>lim > NO_LIMIT:
+            cut = <Py_ssize_t>col.offs.n
+        else:
+            cut = lower_bound(col.offs.data, <Py_ssize_t>col.offs.n, <uint64_t>lim)
+        offs = clone(_U32, cut, False)
+        if cut:
+            memcpy(offs.data.as_uints, col.offs.data, <size_t>cut * sizeof(offset_t))
+        return offs, col.values[:cut]
 
     def columns(self):
         """(column key, offsets, values) for every column, sorted by column key.

@@ -15,13 +15,16 @@ Flattening rules (docs/architecture.md repeats them):
 
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 from array import array
 from typing import Any
 
 import orjson
 
 from rtindex import keys
+from rtindex._py.blocks import BlockWriter
 from rtindex.errors import SchemaError
 
 class SegmentBuilder:
@@ -146,3 +149,31 @@ class SegmentBuilder:
     def columns(self) -> list[tuple[bytes, array, list]]:
         """(column key, offsets, values) for every column, sorted by column key."""
         return [(ck, *self._columns[ck]) for ck in sorted(self._columns)]
+
+    def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]:
+        """The term blocks of a seal: ``BlockWriter(target_bytes)`` fed ``sorted_postings()``.
+
+        Returns ``[(first_term, block), ...]``: each block ``add`` returned, then ``finish()``.
+        """
+        writer = BlockWriter(target_bytes)
+        out = []
+        for term, offsets in self.sorted_postings():
+            block = writer.add(term, offsets)
+            if block is not None:
+                out.append(block)
+        block = writer.finish()
+        if block is not None:
+            out.append(block)
+        return out
+
+    def column(self, column_key: bytes, limit: int) -> tuple[array, list]:
+        """(offsets, values) of one column's rows with offset < ``limit``: new array and list.
+
+        Unknown column keys give ``(array('I'), [])``.
+        """
+        col = self._columns.get(column_key)
+        limit = operator.index(limit)
+        if col is None:
+            return array("I"), []
+        cut = bisect.bisect_left(col[0], limit)
+        return col[0][:cut], col[1][:cut]
