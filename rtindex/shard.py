@@ -474,14 +474,19 @@ class Shard:
         n = b.n_rows
         segid = self._new_segid()
         prefix = u64(segid)
-        wb = self.store.batch()
-        # sorted and encoded in C with the GIL released: ingest keeps running meanwhile
-        for first, block in b.write_blocks(self.config.block_bytes):
-            wb.put("postings", prefix + first, block)
+        # postings sorted and encoded in C with the GIL released; both column families go
+        # in as SST files (no WAL or memtable); the descriptor below makes them count
+        self.store.ingest_sorted("postings", ((prefix + first, block)
+                                              for first, block in b.write_blocks(self.config.block_bytes)))
         colkeys = []
-        for ck, offs, vals in b.columns():
-            wb.put("columns", prefix + ck, columns.encode(columns.dense(ck[-1], offs, vals, n)))
-            colkeys.append(ck)
+
+        def column_chunks():
+            for ck, offs, vals in b.columns():
+                colkeys.append(ck)
+                yield prefix + ck, columns.encode(columns.dense(ck[-1], offs, vals, n))
+
+        self.store.ingest_sorted("columns", column_chunks())
+        wb = self.store.batch()
         live = FrozenBitMap(range(n))
         wb.put("meta", META_LIVE + prefix, live.serialize())
         wb.put("meta", META_SEGMENT + prefix,
@@ -553,12 +558,8 @@ class Shard:
         # postings: streamed, written in bounded batches (the segment exists only once its
         # descriptor is written, so a crash in between leaves orphans that open() removes)
         inputs = [(self._blocks(v.seg.segid), v.base - base, BitMap(v.deleted)) for v in run]
-        wb = self.store.batch()
-        for first, block in merge_blocks(inputs, self.config.block_bytes):
-            wb.put("postings", prefix + first, block)
-            if wb.n >= 256:
-                self.store.write(wb)
-                wb = self.store.batch()
+        self.store.ingest_sorted("postings", ((prefix + first, block)
+                                              for first, block in merge_blocks(inputs, self.config.block_bytes)))
         live = BitMap()
         keeps = []
         for v in run:
@@ -566,16 +567,18 @@ class Shard:
             live |= kept.shift(v.base - base) if v.base != base else kept
             keeps.append(keep_mask(v.seg.live, v.deleted) if v.deleted else None)
         colkeys = sorted(set().union(*(v.seg.column_keys for v in run)))
-        for ck in colkeys:
-            parts = []
-            for v, keep in zip(run, keeps):
-                raw = self.store.get("columns", u64(v.seg.segid) + ck) if ck in v.seg.column_keys else None
-                arr = columns.decode(raw) if raw is not None else columns.nulls(ck[-1], len(v.seg.live))
-                parts.append(arr.filter(keep) if keep is not None else arr)
-            wb.put("columns", prefix + ck, columns.encode(pa.concat_arrays(parts)))
-            if wb.n >= 16:
-                self.store.write(wb)
-                wb = self.store.batch()
+
+        def column_chunks():
+            for ck in colkeys:
+                parts = []
+                for v, keep in zip(run, keeps):
+                    raw = self.store.get("columns", u64(v.seg.segid) + ck) if ck in v.seg.column_keys else None
+                    arr = columns.decode(raw) if raw is not None else columns.nulls(ck[-1], len(v.seg.live))
+                    parts.append(arr.filter(keep) if keep is not None else arr)
+                yield prefix + ck, columns.encode(pa.concat_arrays(parts))
+
+        self.store.ingest_sorted("columns", column_chunks())
+        wb = self.store.batch()
         live = FrozenBitMap(live)
         wb.put("meta", META_LIVE + prefix, live.serialize())
         wb.put("meta", META_SEGMENT + prefix, orjson.dumps({"base": base, "n": n, "columns": [c.hex() for c in colkeys]}))
