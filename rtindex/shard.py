@@ -360,13 +360,11 @@ class Shard:
             seen: dict[bytes, int] = {}
             dels: list[int] = []
             next_row = state.next_row_id
-            for (idx, id_key, doc, raw), prev_raw in zip(items, old):
-                with self._mem_lock:
-                    try:
-                        off = builder.add(doc)
-                    except SchemaError as e:
-                        errors.append((idx, e))
-                        continue
+            offsets = self._index_docs(builder, items, errors)
+            put = wb.put
+            for (idx, id_key, doc, raw), prev_raw, off in zip(items, old, offsets):
+                if off < 0:
+                    continue
                 rid = base + off
                 if rid != next_row:
                     raise CorruptionError(f"shard {self.index}: row id {rid} assigned, {next_row} expected")
@@ -376,16 +374,35 @@ class Shard:
                     prev = from_u64(prev_raw)
                 if prev is not None:
                     dels.append(prev)
-                    wb.put("meta", META_DELETED + u64(prev), b"")
+                    put("meta", META_DELETED + u64(prev), b"")
                 seen[id_key] = rid
-                wb.put("rows", u64(rid), raw)
-                wb.put("ids", id_key, u64(rid))
+                rid_key = u64(rid)
+                put("rows", rid_key, raw)
+                put("ids", id_key, rid_key)
             if next_row == state.next_row_id:
                 return errors
             wb.put("meta", META_NEXT_ROW, u64(next_row))
             self.store.write(wb)
             self._publish(state, next_row, dels)
         return errors
+
+    def _index_docs(self, builder, items, errors) -> list[int]:
+        """Index each item's document into the active builder: its offset, or -1 if rejected.
+
+        The lock that keeps readers off the builder is taken per small chunk, so a reader waits
+        for at most a few documents, and ingest does not pay a lock round trip per document.
+        """
+        offsets = []
+        add = builder.add
+        for start in range(0, len(items), 32):
+            with self._mem_lock:
+                for idx, _, doc, _ in items[start : start + 32]:
+                    try:
+                        offsets.append(add(doc))
+                    except SchemaError as e:
+                        errors.append((idx, e))
+                        offsets.append(-1)
+        return offsets
 
     def delete_many(self, id_keys: list[bytes]) -> list[bool]:
         """Delete documents by id key; returns whether each existed."""
