@@ -28,7 +28,7 @@ class Database:
 
     def __init__(self, path: str, *, create: bool = True, sync: bool = False,
                  block_cache_bytes: int = 256 << 20, write_buffer_bytes: int = 256 << 20, max_document_bytes: int = 4 << 20,
-                 max_depth: int = 64, seal_rows: int = 50_000, seal_bytes: int = 96 << 20,
+                 max_depth: int = 64, seal_rows: int = 25_000, seal_bytes: int = 96 << 20,
                  merge_factor: int = 4):
         self.path = os.path.abspath(path)
         if not os.path.isdir(self.path):

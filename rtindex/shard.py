@@ -114,7 +114,7 @@ class ShardState:
 
 @dataclass
 class ShardConfig:
-    seal_rows: int = 50_000
+    seal_rows: int = 25_000
     seal_bytes: int = 96 << 20
     merge_factor: int = 4
     max_merge_rows: int = 8_000_000

@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""Bounded memory: stream generated events into rtindex and report peak RSS.
+
+    python benchmarks/memory.py [--quick] [--events N] [--shards S] [--dir DIR]
+
+Events are generated on the fly (never held in memory), so the RSS measured is rtindex's:
+mutable segments (sealed by size), pending seals (at most 2 per shard), RocksDB memtables
+(one shared budget) and block cache. Full run: 5,000,000 events; --quick: 500,000.
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import rtindex  # noqa: E402
+from rtindex import datagen  # noqa: E402
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--events", type=int)
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args(argv)
+    n = args.events or (500_000 if args.quick else 5_000_000)
+    work = tempfile.mkdtemp(prefix="rtindex-mem-", dir=args.dir)
+    peak = [rss_mb()]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.2):
+            peak[0] = max(peak[0], rss_mb())
+
+    threading.Thread(target=sample, daemon=True).start()
+    start_rss = rss_mb()
+    t0 = time.perf_counter()
+    done = 0
+    try:
+        with rtindex.open(os.path.join(work, "db")) as db:
+            coll = db.create_collection("events", shards=args.shards)
+            step = 50_000
+            last = t0
+            for i in range(0, n, step):
+                coll.ingest(datagen.rockbench_events(min(step, n - i), seed=3, start_id=i), batch_size=10_000)
+                done = min(i + step, n)
+                if time.perf_counter() - last > 5:
+                    last = time.perf_counter()
+                    print(f"  {done:>10,} events  {done / (last - t0):>8,.0f}/s  RSS {rss_mb():,.0f} MB "
+                          f"(peak {peak[0]:,.0f})", file=sys.stderr, flush=True)
+            coll.flush()
+            secs = time.perf_counter() - t0
+            count = len(coll)
+    finally:
+        stop.set()
+        shutil.rmtree(work, ignore_errors=True)
+    out = {
+        "events": done,
+        "documents": count,
+        "seconds": round(secs, 1),
+        "docs_per_s": round(done / secs),
+        "start_rss_mb": round(start_rss),
+        "peak_rss_mb": round(max(peak[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)),
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
