@@ -214,8 +214,10 @@ class Collection:
     def _close(self) -> None:
         if self._closed:
             return
-        for s in self._shards:
-            s.wait_for_background()
-        self._closed = True
-        for s in self._shards:
-            s.close()
+        try:
+            for s in self._shards:
+                s.wait_for_background()  # re-raises a background failure, after which ...
+        finally:
+            self._closed = True  # ... every shard is still closed
+            for s in self._shards:
+                s.close()
