@@ -220,3 +220,29 @@ def test_ndjson_whose_first_line_is_an_array(db):
     stats = c.ingest(b'[1, 2]\n{"_id": 1}\n')
     assert stats.n == 1 and [e.index for e in stats.errors] == [0]
     assert c.ingest(b"[1, 2]").errors[0].message.startswith("a document must be a JSON object")
+
+
+def test_background_failure_is_raised_not_lost(tmp_path, monkeypatch):
+    from rtindex import columns
+
+    db = rtindex.open(str(tmp_path / "db"), seal_rows=10)
+    c = db.create_collection("c", shards=1)
+
+    def broken(arr):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(columns, "encode", broken)
+    c.ingest([{"_id": i} for i in range(10)])  # rotates: the sealer fails in the background
+    with pytest.raises(rtindex.StorageError, match="background work failed"):
+        c.flush()
+    with pytest.raises(rtindex.StorageError, match="reopen"):
+        c.ingest([{"_id": "more"}])
+    with pytest.raises(rtindex.StorageError):
+        db.close()
+    assert db.closed
+    monkeypatch.undo()
+    with rtindex.open(str(tmp_path / "db"), seal_rows=10) as db2:  # recovery re-indexes the rows
+        c2 = db2["c"]
+        assert len(c2) == 10 and len(c2.snapshot().term("_id", 3)) == 1
+        c2.flush()
+        assert c2.stats()["shards"][0]["sealed_segments"] >= 1
