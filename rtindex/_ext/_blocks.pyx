@@ -1,30 +1,8 @@
 """Term-dictionary blocks of sealed segments (compiled); ``rtindex/_py/blocks.py`` is the oracle.
 
-A sealed segment stores its sorted (term -> posting list) pairs Lucene-style: one RocksDB
-value per run of consecutive terms (about ``target_bytes`` each), keyed by the run's first
-term. This module and the reference produce the same bytes and raise the same errors.
-
-Block format (every integer is a little-endian uint32)::
-
-    offset 0    magic      b"RTB\\x01" (format version 1)
-    offset 4    n          entry count, >= 1
-    offset 8    off[n+1]   entry i is block[off[i]:off[i+1]]; off[0] = 12 + 4n, off[n] = len(block)
-    off[0]...   entries, terms strictly increasing (bytewise)
-
-    entry:  head       term_len | kind << 30   (term_len < 2**30; kind 0 = raw, 1 = roaring)
-            term       term_len bytes
-            posting    up to the entry's end:
-                raw:     k >= 1 strictly increasing uint32 offsets (k = posting bytes / 4)
-                roaring: uint32 cardinality (>= 1), then ``BitMap.serialize()`` (portable format)
-
-Encoding is a function of the set alone: a set of k < 64 offsets is raw; otherwise ``s =
-BitMap(offsets).serialize()`` (run-optimized by pyroaring's constructor) is stored as roaring
-when ``4 + len(s) < 4 * k``, else raw. A block is emitted as soon as its size (header + table
-+ entries) reaches ``target_bytes``.
-
-Lookups binary-search the offsets table and read only the probed entries (O(log n)). Every
-read is checked against the block's bounds; a truncated or garbage block raises
-:class:`~rtindex.errors.CorruptionError` (lazily: an entry never probed is never checked).
+The block format, the encoding rule (raw uint32 or roaring, decided by the set alone) and
+the lookup guarantees are documented once, in the reference module's docstring; this module
+produces the same bytes and raises the same errors (tests/test_blocks.py compares them).
 
 The merge runs its common case (terms whose postings are all raw and small) in a C loop
 without the GIL; it falls back to one Python-level step per term for roaring postings, at
