@@ -36,7 +36,7 @@ def demo(path: str, n_events: int, shards: int, out=sys.stdout) -> dict:
         say(f"rtindex demo: database at {db.path}, collection 'events' with {shards} shards")
         say(f"generating {n_events:,} events (~1.25 KB, 60 fields, nested objects and arrays) ...")
         docs = list(datagen.rockbench_events(n_events, seed=1))
-        say(f"ingesting (every field indexed three ways) ...")
+        say("ingesting (every field indexed three ways) ...")
         t0 = time.perf_counter()
         total, step, last = 0, max(n_events // 10, 1000), t0
         for i in range(0, n_events, step):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
@@ -56,7 +55,6 @@ class Collection:
             for s in self._shards:
                 s.close()
             raise
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<rtindex.Collection {self.name!r} shards={self.n_shards}>"

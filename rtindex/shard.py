@@ -19,7 +19,7 @@ import threading
 import weakref
 from array import array
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 import orjson
@@ -39,7 +39,6 @@ META_LIVE = b"L"  # + segid: serialized BitMap of the offsets the segment holds
 META_DELETED = b"D"  # + row id: that row was replaced or deleted
 
 EMPTY = FrozenBitMap()
-MAX_SEGMENT_ROWS = 1 << 31  # offsets are uint32; merges stay well below
 
 
 class Segment:
@@ -100,13 +99,6 @@ class ShardState:
 
     views: tuple[View, ...]
     next_row_id: int
-
-    def view_of(self, row_id: int) -> View | None:
-        i = bisect.bisect_right([v.base for v in self.views], row_id) - 1
-        if i < 0:
-            return None
-        v = self.views[i]
-        return v if row_id - v.base < (v.seg.n if v.sealed else v.limit) else None
 
     def count(self) -> int:
         return sum(v.n_live() for v in self.views)
@@ -231,16 +223,12 @@ class Shard:
         """Held by every write; hold it to make a read-modify-write (patch) atomic."""
         return self._write_lock
 
-    def get_row_id(self, id_key: bytes) -> int | None:
-        raw = self.store.get("ids", id_key)
-        return from_u64(raw) if raw is not None else None
-
     def get(self, id_key: bytes) -> dict | None:
         state = self._state
-        rid = self.get_row_id(id_key)
-        if rid is None or rid >= state.next_row_id:
+        rid_key = self.store.get("ids", id_key)
+        if rid_key is None or from_u64(rid_key) >= state.next_row_id:
             return None
-        raw = self.store.get("rows", u64(rid))
+        raw = self.store.get("rows", rid_key)
         return orjson.loads(raw) if raw is not None else None
 
     def term(self, view: View, term: bytes) -> BitMap:
@@ -572,8 +560,8 @@ class Shard:
         n = last.base + last.seg.n - base
         segid = self._new_segid()
         prefix = u64(segid)
-        # postings: streamed, written in bounded batches (the segment exists only once its
-        # descriptor is written, so a crash in between leaves orphans that open() removes)
+        # postings streamed from the inputs' blocks into an SST file (the segment exists only
+        # once its descriptor is written, so a crash in between leaves orphans open() removes)
         inputs = [(self._blocks(v.seg.segid), v.base - base, BitMap(v.deleted)) for v in run]
         self.store.ingest_sorted("postings", ((prefix + first, block)
                                               for first, block in merge_blocks(inputs, self.config.block_bytes)))
@@ -620,7 +608,6 @@ class Shard:
         for v in run:  # drop the old segments' data once no reader state can reach them
             dropped = [v.base + o for o in v.deleted]
             weakref.finalize(v.seg, self._merger.submit, _Garbage(self, v.seg.segid, dropped))
-        del run
 
     def _blocks(self, segid: int) -> Iterator[bytes]:
         prefix = u64(segid)
@@ -678,14 +665,3 @@ def keep_mask(live: FrozenBitMap, deleted: FrozenBitMap) -> pa.Array:
     live_arr = np.frombuffer(live.to_array(), dtype=np.uint32)
     del_arr = np.frombuffer(deleted.to_array(), dtype=np.uint32)
     return pa.array(np.isin(live_arr, del_arr, invert=True, assume_unique=True))
-
-
-def iter_batches(it: Iterable, n: int) -> Iterator[list]:
-    batch = []
-    for x in it:
-        batch.append(x)
-        if len(batch) >= n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
