@@ -159,6 +159,11 @@ def column_key(path: Sequence[str], tag: int) -> bytes:
     return encode_path(path) + bytes((tag,))
 
 
+def column_key_of(t: bytes) -> bytes:
+    """The column key (path + type tag) a term starts with."""
+    return t[: _path_end(t) + 1]
+
+
 def split_term(t: bytes) -> tuple[tuple[str, ...], int, Any]:
     """Inverse of :func:`term`."""
     end = _path_end(t)

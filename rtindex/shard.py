@@ -17,9 +17,9 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from array import array
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import ContextManager, Iterator
 
 import numpy as np
 import orjson
@@ -231,6 +231,11 @@ class Shard:
         raw = self.store.get("rows", rid_key)
         return orjson.loads(raw) if raw is not None else None
 
+    def _reading(self, view: View) -> ContextManager:
+        """Guard for reading ``view``'s builder: the active one is locked against ``add()``;
+        a rotated one never changes again and needs no lock."""
+        return self._mem_lock if view.seg is self._state.views[-1].seg else nullcontext()
+
     def term(self, view: View, term: bytes) -> BitMap:
         """Offsets of ``view``'s visible rows holding ``term``."""
         if isinstance(view.seg, Segment):
@@ -239,16 +244,11 @@ class Shard:
             if bm is None:
                 return BitMap()
         else:
-            bm = BitMap(self._mem_postings(view, term))
+            with self._reading(view):
+                bm = BitMap(view.seg.builder.postings(term, view.limit))
         if view.deleted:
             bm -= view.deleted
         return bm
-
-    def _mem_postings(self, view: View, term: bytes) -> array:
-        if view.seg is self._state.views[-1].seg:
-            with self._mem_lock:
-                return view.seg.builder.postings(term, view.limit)
-        return view.seg.builder.postings(term, view.limit)
 
     def term_range(self, view: View, lo: bytes, hi: bytes) -> BitMap:
         """Offsets of visible rows holding any term t with lo <= t < hi (one path and type)."""
@@ -261,13 +261,11 @@ class Shard:
                 for _, bm in block_range(block, lo, hi):
                     out |= bm
         else:
-            if view.seg is self._state.views[-1].seg:
-                with self._mem_lock:
-                    terms = [t for t in view.seg.builder.column_terms(lo[: keys._path_end(lo) + 1]) if lo <= t < hi]
-            else:
-                terms = [t for t in view.seg.builder.column_terms(lo[: keys._path_end(lo) + 1]) if lo <= t < hi]
-            for t in terms:
-                out |= BitMap(self._mem_postings(view, t))
+            b = view.seg.builder
+            with self._reading(view):
+                for t in b.column_terms(keys.column_key_of(lo)):
+                    if lo <= t < hi:
+                        out |= BitMap(b.postings(t, view.limit))
         if view.deleted:
             out -= view.deleted
         return out
@@ -284,8 +282,8 @@ class Shard:
     def column_keys(self, view: View) -> list[bytes]:
         if isinstance(view.seg, Segment):
             return list(view.seg.column_keys)
-        with self._mem_lock:
-            return sorted({t[: keys._path_end(t) + 1] for t in view.seg.builder.column_keys()})
+        with self._reading(view):
+            return sorted(view.seg.builder.column_keys())
 
     def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
         """(offsets, one array per column key) of the visible rows of ``view``."""
@@ -306,17 +304,11 @@ class Shard:
             return offsets, cols
         n = view.limit
         by_key = {}
-        lock = self._mem_lock if view.seg is self._state.views[-1].seg else None
-        if lock:
-            lock.acquire()
-        try:
+        with self._reading(view):
             for ck in colkeys:
                 offs, vals = view.seg.builder.column(ck, n)
                 if len(offs):
                     by_key[ck] = (offs, vals)
-        finally:
-            if lock:
-                lock.release()
         cols = [columns.dense(ck[-1], *by_key[ck], n) if ck in by_key else columns.nulls(ck[-1], n) for ck in colkeys]
         offsets = pa.array(np.arange(n, dtype=np.uint32))
         if view.deleted:
@@ -467,9 +459,7 @@ class Shard:
         try:
             self._seal_inner(mem)
         except BaseException as e:
-            with self._write_lock:
-                self._bg_error = e
-                self._seal_done.notify_all()
+            self._fail(e)
             raise
 
     def _seal_inner(self, mem: MemSegment) -> None:
@@ -491,13 +481,10 @@ class Shard:
                 yield prefix + ck, columns.encode(columns.dense(ck[-1], offs, vals, n))
 
         self.store.ingest_sorted("columns", column_chunks())
+        seg = Segment(segid, mem.base, n, FrozenBitMap(range(n)), tuple(colkeys))
         wb = self.store.batch()
-        live = FrozenBitMap(range(n))
-        wb.put("meta", META_LIVE + prefix, live.serialize())
-        wb.put("meta", META_SEGMENT + prefix,
-               orjson.dumps({"base": mem.base, "n": n, "columns": [c.hex() for c in colkeys]}))
+        self._put_descriptor(wb, seg)
         self.store.write(wb)
-        seg = Segment(segid, mem.base, n, live, tuple(colkeys))
         mem.sealed_as = seg
         with self._write_lock:
             views = list(self._state.views)
@@ -506,6 +493,20 @@ class Shard:
             self._state = ShardState(tuple(views), self._state.next_row_id)
             self._seal_done.notify_all()
         self._maybe_merge()
+
+    @staticmethod
+    def _put_descriptor(wb, seg: Segment) -> None:
+        """The records that make a written segment exist (read back by ``_recover``)."""
+        prefix = u64(seg.segid)
+        wb.put("meta", META_LIVE + prefix, seg.live.serialize())
+        wb.put("meta", META_SEGMENT + prefix,
+               orjson.dumps({"base": seg.base, "n": seg.n, "columns": [c.hex() for c in seg.column_keys]}))
+
+    def _fail(self, e: BaseException) -> None:
+        """Record a background failure: the next write raises it; waiting writers wake up."""
+        with self._write_lock:
+            self._bg_error = e
+            self._seal_done.notify_all()
 
     # ------------------------------------------------------------------ merging
     def _maybe_merge(self) -> None:
@@ -544,9 +545,8 @@ class Shard:
             self._merge_inner(run)
         except BaseException as e:
             with self._write_lock:
-                self._bg_error = e
                 self._merging = False
-                self._seal_done.notify_all()
+            self._fail(e)
             raise
         with self._write_lock:
             self._merging = False
@@ -583,14 +583,12 @@ class Shard:
                 yield prefix + ck, columns.encode(pa.concat_arrays(parts))
 
         self.store.ingest_sorted("columns", column_chunks())
+        seg = Segment(segid, base, n, FrozenBitMap(live), tuple(colkeys))
         wb = self.store.batch()
-        live = FrozenBitMap(live)
-        wb.put("meta", META_LIVE + prefix, live.serialize())
-        wb.put("meta", META_SEGMENT + prefix, orjson.dumps({"base": base, "n": n, "columns": [c.hex() for c in colkeys]}))
+        self._put_descriptor(wb, seg)
         for v in run:
             wb.delete("meta", META_SEGMENT + u64(v.seg.segid))
         self.store.write(wb)
-        seg = Segment(segid, base, n, live, tuple(colkeys))
         with self._write_lock:
             views = list(self._state.views)
             i = next(i for i, v in enumerate(views) if v.seg is run[0].seg)

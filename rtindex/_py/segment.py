@@ -59,7 +59,7 @@ class SegmentBuilder:
             plist = self._postings.get(t)
             if plist is None:
                 plist = self._postings[t] = array("I")
-                ck = t[: keys._path_end(t) + 1]
+                ck = keys.column_key_of(t)
                 self._terms_by_column.setdefault(ck, []).append(t)
                 self._nbytes += len(t) + 64
             if not plist or plist[-1] != off:
