@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from rtindex import columns, keys
@@ -95,10 +96,14 @@ class Snapshot:
         """Number of visible documents, without reading them."""
         return sum(st.count() for st in self.states)
 
+    def _collect(self, rows_of) -> Postings:
+        """Postings of ``rows_of(shard, view)`` (a BitMap of offsets) over every view."""
+        return Postings(self, {(i, v.base): rows_of(self._shards[i], v) for i, v in self._views()})
+
     # -- lookups ------------------------------------------------------------
     def all(self) -> Postings:
         """Every visible row."""
-        return Postings(self, {(i, v.base): self._shards[i].all_rows(v) for i, v in self._views()})
+        return self._collect(lambda shard, v: shard.all_rows(v))
 
     def term(self, path: Path, value: Any) -> Postings:
         """Rows where ``path`` (an array's elements included) equals ``value``.
@@ -107,13 +112,7 @@ class Snapshot:
         """
         p = keys.split_path(path)
         terms = [keys.term(p, tag, v) for tag, v in _typed(value)]
-        parts: dict[tuple[int, int], BitMap] = {}
-        for i, v in self._views():
-            bm = BitMap()
-            for t in terms:
-                bm |= self._shards[i].term(v, t)
-            parts[(i, v.base)] = bm
-        return Postings(self, parts)
+        return self._collect(lambda shard, v: BitMap().union(*(shard.term(v, t) for t in terms)))
 
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
               hi_inclusive: bool = False) -> Postings:
@@ -142,14 +141,8 @@ class Snapshot:
         return self.all() - self.exists(path)
 
     def _ranges(self, ranges: list[tuple[bytes, bytes]]) -> Postings:
-        parts = {}
-        for i, v in self._views():
-            bm = BitMap()
-            for lo, hi in ranges:
-                if lo < hi:
-                    bm |= self._shards[i].term_range(v, lo, hi)
-            parts[(i, v.base)] = bm
-        return Postings(self, parts)
+        ranges = [(lo, hi) for lo, hi in ranges if lo < hi]
+        return self._collect(lambda shard, v: BitMap().union(*(shard.term_range(v, lo, hi) for lo, hi in ranges)))
 
     # -- rows and columns ---------------------------------------------------
     def fetch(self, rows: Postings, limit: int | None = None) -> list[dict]:
@@ -185,8 +178,7 @@ class Snapshot:
         batches = []
         for i, v in self._views():
             offsets, cols = self._shards[i].scan_view(v, colkeys)
-            rids = pa.array(np.frombuffer(offsets.buffers()[1], dtype=np.uint32, count=len(offsets),
-                                          offset=offsets.offset * 4).astype(np.uint64) + np.uint64(v.base))
+            rids = pc.add(offsets.cast(pa.uint64()), pa.scalar(v.base, pa.uint64()))
             shard = pa.array(np.full(len(offsets), i, dtype=np.uint16))
             batches.append(pa.record_batch([shard, rids, *cols], names=["_shard", "_row_id", *names]))
         schema = pa.schema([("_shard", pa.uint16()), ("_row_id", pa.uint64())]
