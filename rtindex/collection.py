@@ -95,8 +95,7 @@ class Collection:
     def _ingest_chunk(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats) -> None:
         now = documents.now_us()
         per_shard: list[list] = [[] for _ in range(n_shards)]
-        ids: dict[int, Any] = {}
-        sizes: dict[int, int] = {}
+        stored: dict[int, tuple[Any, int]] = {}  # input index -> (_id, size), while not failed
         for idx, doc in chunk:
             if isinstance(doc, SchemaError):
                 stats.errors.append(ItemError(idx, None, doc.path, doc.message))
@@ -107,17 +106,17 @@ class Collection:
                 stats.errors.append(ItemError(idx, doc.get("_id") if isinstance(doc, dict) else None,
                                               e.path, e.message))
                 continue
-            ids[idx] = doc_id
-            sizes[idx] = len(raw)
+            stored[idx] = (doc_id, len(raw))
             per_shard[documents.shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
         for shard, items in zip(self._shards, per_shard):
             if items:
                 for idx, e in shard.put_many(items):
-                    stats.errors.append(ItemError(idx, ids.pop(idx), e.path, e.message))
-        for idx in sorted(ids):
-            stats.ids.append(ids[idx])
-            stats.bytes += sizes[idx]
-        stats.n += len(ids)
+                    stats.errors.append(ItemError(idx, stored.pop(idx)[0], e.path, e.message))
+        for idx in sorted(stored):
+            doc_id, size = stored[idx]
+            stats.ids.append(doc_id)
+            stats.bytes += size
+        stats.n += len(stored)
         if stats.errors:
             stats.errors.sort(key=lambda e: e.index)
 

@@ -100,16 +100,15 @@ def prepare(doc: Any, limits: Limits, now_us: int) -> tuple[Any, bytes, dict, by
         raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
     doc_id = doc.get("_id")
     et = doc.get("_event_time")
-    if doc_id is None or type(et) is not int:
+    et_us = now_us if et is None else to_event_time(et)  # an int comes back as itself
+    if doc_id is None or et_us is not et:
         # fill in what is missing on a copy: the caller's dict is never changed
         d = dict(doc)
         if doc_id is None:
             doc_id = d["_id"] = new_id()
-        d["_event_time"] = now_us if et is None else to_event_time(et)
+        d["_event_time"] = et_us
     else:
         d = doc
-        if not keys.INT_MIN <= et <= keys.INT_MAX:
-            raise SchemaError("_event_time outside the signed 64-bit range", "$._event_time")
     id_key = encode_id(doc_id)
     try:
         raw = orjson.dumps(d)
