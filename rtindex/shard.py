@@ -279,11 +279,14 @@ class Shard:
     def fetch(self, row_ids: list[int]) -> list[bytes | None]:
         return self.store.multi_get("rows", [u64(r) for r in row_ids])
 
-    def column_keys(self, view: View) -> list[bytes]:
+    def column_tags(self, view: View, path_key: bytes) -> set[int]:
+        """Type tags with a column-store value for the encoded path in ``view`` (array
+        elements and object markers are indexed terms, not columns)."""
         if isinstance(view.seg, Segment):
-            return list(view.seg.column_keys)
+            return {ck[-1] for ck in view.seg.column_keys if ck[:-1] == path_key}
+        b = view.seg.builder
         with self._reading(view):
-            return sorted(view.seg.builder.column_keys())
+            return {tag for tag in columns.ARROW_TYPES if len(b.column(path_key + bytes((tag,)), view.limit)[0])}
 
     def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
         """(offsets, one array per column key) of the visible rows of ``view``."""

@@ -159,12 +159,8 @@ class Snapshot:
 
     def column_types(self, path: Path) -> list[str]:
         """Type names with a column for ``path`` in any segment (what scan() can return)."""
-        prefix = keys.encode_path(keys.split_path(path))
-        tags = set()
-        for i, v in self._views():
-            for ck in self._shards[i].column_keys(v):
-                if ck[:-1] == prefix:
-                    tags.add(ck[-1])
+        path_key = keys.encode_path(keys.split_path(path))
+        tags = set().union(*(self._shards[i].column_tags(v, path_key) for i, v in self._views()))
         return [keys.TAG_NAMES[t] for t in sorted(tags)]
 
     def scan(self, specs: Sequence[tuple[Path, str]]) -> pa.Table:

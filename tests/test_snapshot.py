@@ -136,3 +136,15 @@ def test_snapshot_is_isolated_from_later_writes(db):
     assert t.num_rows == 300 and sorted(t.column("g:int").to_pylist()) == [0] * 150 + [1] * 150
     now = c.snapshot()
     assert now.count() == 200 and len(now.term("g", 5)) == 100
+
+
+def test_column_types_name_only_real_columns_in_memory_and_sealed(db):
+    c = db.create_collection("ct", shards=1)
+    c.ingest([{"_id": 1, "arr": [1, 2], "o": {"p": 1}, "x": None}])
+    for _ in range(2):  # in the mutable segment, then sealed
+        s = c.snapshot()
+        assert s.column_types("arr") == ["array"]  # elements are terms, not a column
+        assert s.column_types("o") == []  # objects have no column: their leaves do
+        assert s.column_types("o.p") == ["int"] and s.column_types("x") == ["null"]
+        assert s.scan([("arr", "array")]).column("arr:array").to_pylist() == ["[1,2]"]
+        c.flush()
