@@ -5,7 +5,7 @@
 
 from libc.stdint cimport uint32_t, uint64_t
 
-from rtindex._ext._types cimport offset_t
+from rtindex._ext._types cimport grow, offset_t, safe_realloc
 
 cdef extern from *:
     """

@@ -66,14 +66,6 @@ def _test_surely_raw(values):
 # ---- small C helpers --------------------------------------------------------------------
 
 
-cdef void* _safe_realloc(void* p, size_t n) except NULL:
-    """The only allocator of this module: realloc or MemoryError."""
-    cdef void* q = realloc(p, n if n > 0 else 1)
-    if q == NULL:
-        raise MemoryError(f"cannot allocate {n} bytes")
-    return q
-
-
 cdef inline int _cmp(const unsigned char* a, Py_ssize_t al,
                      const unsigned char* b, Py_ssize_t bl) noexcept nogil:
     """Bytewise three-way comparison, like ``bytes`` ordering."""
@@ -389,23 +381,9 @@ def block_first_last(block):
 
 cdef int _w_grow(WState* w, Py_ssize_t need) noexcept nogil:
     """Room for one more entry of ``need`` bytes; -1 (``w`` unchanged) when out of memory."""
-    cdef Py_ssize_t cap
-    cdef void* q
-    if w.data_len + need > w.data_cap:
-        cap = max(2 * w.data_cap, w.data_len + need, 4096)
-        q = realloc(w.data, <size_t>cap)
-        if q == NULL:
-            return -1
-        w.data = <unsigned char*>q
-        w.data_cap = cap
-    if w.n >= w.starts_cap:
-        cap = max(2 * w.starts_cap, 256)
-        q = realloc(w.starts, <size_t>cap * sizeof(uint32_t))
-        if q == NULL:
-            return -1
-        w.starts = <uint32_t*>q
-        w.starts_cap = cap
-    return 0
+    if grow(<void**>&w.data, &w.data_cap, w.data_len + need, 1, 4096) < 0:
+        return -1
+    return grow(<void**>&w.starts, &w.starts_cap, w.n + 1, sizeof(uint32_t), 256)
 
 
 cdef int _w_reserve(WState* w, Py_ssize_t need) except -1:
@@ -460,24 +438,13 @@ cdef int _w_flush_to(WState* w, BlockOut* out) noexcept nogil:
 
     Returns 0, -1 when out of memory, -2 when the block is larger than 4 GiB.
     """
-    cdef Py_ssize_t size = _w_size(w), cap
-    cdef void* q
+    cdef Py_ssize_t size = _w_size(w)
     if size > <Py_ssize_t>MAXU32:
         return -2
-    if out.len + size > out.cap:
-        cap = max(2 * out.cap, out.len + size, 1 << 16)
-        q = realloc(out.data, <size_t>cap)
-        if q == NULL:
-            return -1
-        out.data = <unsigned char*>q
-        out.cap = cap
-    if out.n >= out.ends_cap:
-        cap = max(2 * out.ends_cap, 64)
-        q = realloc(out.ends, <size_t>cap * sizeof(Py_ssize_t))
-        if q == NULL:
-            return -1
-        out.ends = <Py_ssize_t*>q
-        out.ends_cap = cap
+    if grow(<void**>&out.data, &out.cap, out.len + size, 1, 1 << 16) < 0:
+        return -1
+    if grow(<void**>&out.ends, &out.ends_cap, out.n + 1, sizeof(Py_ssize_t), 64) < 0:
+        return -1
     _w_write_block(w, out.data + out.len)
     out.len += size
     out.ends[out.n] = out.len
@@ -644,7 +611,7 @@ cdef class BlockWriter:
         s = w.starts[w.n - 1]
         llen = rtb_ld32(w.data + s) & MAX_TERM
         if llen > w.last_cap:
-            w.last = <unsigned char*>_safe_realloc(w.last, <size_t>llen)
+            w.last = <unsigned char*>safe_realloc(w.last, <size_t>llen, 1)
             w.last_cap = llen
         if llen > 0:
             memcpy(w.last, w.data + s + 4, <size_t>llen)
@@ -734,7 +701,7 @@ cdef class _Cursor:
         n = Py_SIZE(darr)
         mx = darr.data.as_uints[n - 1]
         if mx < _bitset_limit:
-            self.s.dbits = <unsigned char*>_safe_realloc(NULL, (mx >> 3) + 1)
+            self.s.dbits = <unsigned char*>safe_realloc(NULL, (mx >> 3) + 1, 1)
             memset(self.s.dbits, 0, (mx >> 3) + 1)
             for i in range(n):
                 v = darr.data.as_uints[i]
@@ -801,14 +768,14 @@ cdef class _Cursor:
 
 cdef inline int _grow_last(MState* m, Py_ssize_t n) except -1:
     if n > m.last_cap:
-        m.last = <unsigned char*>_safe_realloc(m.last, <size_t>n)
+        m.last = <unsigned char*>safe_realloc(m.last, <size_t>n, 1)
         m.last_cap = n
     return 0
 
 
 cdef inline int _grow_scratch(MState* m, Py_ssize_t n) except -1:
     if n > m.scratch_cap:
-        m.scratch = <offset_t*>_safe_realloc(m.scratch, <size_t>n * sizeof(offset_t))
+        m.scratch = <offset_t*>safe_realloc(m.scratch, <size_t>n, sizeof(offset_t))
         m.scratch_cap = n
     return 0
 
@@ -908,7 +875,7 @@ cdef class _Merger:
         self.cursors = cursors
         self.writer = writer
         self.m.k = len(cursors)
-        self.m.cs = <CState**>_safe_realloc(NULL, <size_t>max(self.m.k, 1) * sizeof(CState*))
+        self.m.cs = <CState**>safe_realloc(NULL, <size_t>max(self.m.k, 1), sizeof(CState*))
         for j in range(self.m.k):
             self.m.cs[j] = &(<_Cursor>cursors[j]).s
         self.m.w = &writer.w
@@ -917,7 +884,7 @@ cdef class _Merger:
         # room for a full block, so the nogil loop rarely stops to grow the writer
         _w_reserve(&writer.w, min(writer.w.target, 1 << 20) + 4096)
         if writer.w.starts_cap < 1024:
-            writer.w.starts = <uint32_t*>_safe_realloc(writer.w.starts, 1024 * sizeof(uint32_t))
+            writer.w.starts = <uint32_t*>safe_realloc(writer.w.starts, 1024, sizeof(uint32_t))
             writer.w.starts_cap = 1024
 
     def __dealloc__(self):

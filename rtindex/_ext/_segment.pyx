@@ -65,7 +65,7 @@ from rtindex._ext._blocks cimport (
     _w_put,
     _w_size,
 )
-from rtindex._ext._types cimport offset_t, term_id_t
+from rtindex._ext._types cimport offset_t, safe_realloc, term_id_t
 
 import os
 
@@ -140,17 +140,6 @@ assert _U32.itemsize == sizeof(offset_t), "array('I') must hold 32-bit items"
 
 
 # ---------------------------------------------------------------- C helpers
-
-
-cdef void* safe_realloc(void* p, size_t count, size_t size) except NULL:
-    """``realloc(p, count * size)``; MemoryError (``p`` untouched) when it fails or overflows."""
-    cdef void* q
-    if size != 0 and count > (<size_t>-1) / size:
-        raise MemoryError("allocation size overflow")
-    q = realloc(p, count * size if count else 1)
-    if q == NULL:
-        raise MemoryError()
-    return q
 
 
 cdef inline int u32_reserve(U32Vec* v, size_t extra) except -1:
