@@ -51,3 +51,26 @@ class OverloadedError(RtindexError):
     def __init__(self, message: str, retry_after: float = 1.0):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class SqlError(RtindexError, ValueError):
+    """A SQL text that cannot run: bad syntax, an unknown collection, a type error.
+
+    ``sql`` is the text; ``position`` is the 0-based character offset of the offending
+    construct when known (else None), so a caller can point at it.
+    """
+
+    def __init__(self, message: str, sql: str | None = None, position: int | None = None):
+        self.sql = sql
+        self.position = position
+        self.message = message
+        where = ""
+        if sql is not None and position is not None:
+            line = sql.count("\n", 0, position) + 1
+            col = position - (sql.rfind("\n", 0, position) + 1) + 1
+            where = f" (line {line}, column {col})"
+        super().__init__(message + where)
+
+
+class UnsupportedSqlError(SqlError):
+    """Valid SQL that rtindex does not run (yet): the message names the construct."""
