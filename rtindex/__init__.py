@@ -15,8 +15,11 @@ from rtindex.errors import (
     OverloadedError,
     RtindexError,
     SchemaError,
+    SqlError,
     StorageError,
+    UnsupportedSqlError,
 )
+from rtindex.result import Result
 from rtindex.snapshot import Postings, Snapshot
 
 __version__ = "0.1.0"
@@ -32,9 +35,12 @@ __all__ = [
     "NotFoundError",
     "OverloadedError",
     "Postings",
+    "Result",
     "RtindexError",
     "SchemaError",
     "Snapshot",
+    "SqlError",
     "StorageError",
+    "UnsupportedSqlError",
     "open",
 ]

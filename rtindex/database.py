@@ -14,6 +14,8 @@ import orjson
 from rtindex.background import Worker
 from rtindex.collection import Collection
 from rtindex.documents import Limits
+from rtindex.result import Result
+from rtindex.sql.engine import Plan, SqlEngine
 from rtindex.errors import AlreadyExistsError, ClosedError, NotFoundError, StorageError
 from rtindex.shard import ShardConfig
 from rtindex.storage import new_block_cache, new_write_buffer_manager
@@ -50,6 +52,7 @@ class Database:
         self._collections: dict[str, Collection] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._sql = SqlEngine(self)
         try:
             for name in sorted(os.listdir(os.path.join(self.path, COLLECTIONS_DIR))):
                 if os.path.exists(os.path.join(self._coll_path(name), MANIFEST)):
@@ -135,6 +138,23 @@ class Database:
             except OSError as e:
                 raise StorageError(f"cannot remove {coll.path}: {e}") from e
 
+    def sql(self, sql: str, params: Any = None, *, access: str | None = None) -> Result:
+        """Run one SELECT over a collection; see docs/sql.md for the dialect.
+
+        ``params`` binds ``:name`` placeholders (a dict) or ``?`` placeholders (a list);
+        values are never spliced into the text. ``access`` forces the "index" or "scan" path
+        when the query can run on it (``Result.access`` tells which ran). Raises SqlError.
+        """
+        self._check()
+        return self._sql.sql(sql, params, access)
+
+    def explain(self, sql: str, params: Any = None, *, access: str | None = None) -> Plan:
+        """The access path :meth:`sql` would choose, and the numbers behind the choice
+        (matched rows and rows per predicate from the posting lists, estimated costs);
+        ``str()`` of it is a readable report."""
+        self._check()
+        return self._sql.explain(sql, params, access)
+
     def stats(self) -> dict:
         """Per collection and shard: documents, segments, approximate disk bytes."""
         self._check()
@@ -152,6 +172,7 @@ class Database:
                     coll._close()
                 except Exception as e:  # close the others anyway
                     errors.append(e)
+            self._sql.close()
             self._sealer.stop()
             self._merger.stop()
             if errors:

@@ -45,7 +45,7 @@ class Segment:
     """A sealed segment on disk. Immutable; weak-referenceable so its files can be dropped
     once the last reader state that refers to it is gone."""
 
-    __slots__ = ("segid", "base", "n", "live", "column_keys", "merged_into", "__weakref__")
+    __slots__ = ("segid", "base", "n", "live", "column_keys", "column_set", "merged_into", "__weakref__")
 
     def __init__(self, segid: int, base: int, n: int, live: FrozenBitMap, column_keys: tuple[bytes, ...]):
         self.segid = segid
@@ -53,6 +53,7 @@ class Segment:
         self.n = n
         self.live = live
         self.column_keys = column_keys
+        self.column_set = frozenset(column_keys)
         # the segment a merge turned this one into: a reader still holding this one keeps the
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
@@ -250,22 +251,36 @@ class Shard:
             bm -= view.deleted
         return bm
 
-    def term_range(self, view: View, lo: bytes, hi: bytes) -> BitMap:
-        """Offsets of visible rows holding any term t with lo <= t < hi (one path and type)."""
+    def has_arrays(self, view: View, array_keys: list[bytes]) -> bool:
+        """False when no row of a sealed ``view`` can hold an array at any of ``array_keys``
+        (ARRAY column keys): the first array on a path is never inside another array, so it
+        has a column. In-memory segments answer True (look the markers up)."""
+        return not isinstance(view.seg, Segment) or not view.seg.column_set.isdisjoint(array_keys)
+
+    def term_range(self, view: View, lo: bytes, hi: bytes, budget: list[int] | None = None) -> BitMap:
+        """Offsets of visible rows holding any term t with lo <= t < hi (one path and type).
+
+        ``budget`` (a one-item list) is decremented by the number of distinct terms read;
+        :class:`OverBudget` is raised once it goes below zero, so a planner can give up on a
+        range that covers too many terms before paying for all of them.
+        """
         out = BitMap()
         if isinstance(view.seg, Segment):
             prefix = u64(view.seg.segid)
             start = self.store.seek_prev("postings", prefix + lo, prefix)
             start_key = start[0] if start is not None else prefix + lo
             for k, block in self.store.scan("postings", start_key, prefix + hi):
-                for _, bm in block_range(block, lo, hi):
+                hits = block_range(block, lo, hi)
+                _spend(budget, len(hits))
+                for _, bm in hits:
                     out |= bm
         else:
             b = view.seg.builder
             with self._reading(view):
-                for t in b.column_terms(keys.column_key_of(lo)):
-                    if lo <= t < hi:
-                        out |= BitMap(b.postings(t, view.limit))
+                terms = [t for t in b.column_terms(keys.column_key_of(lo)) if lo <= t < hi]
+                _spend(budget, len(terms))
+                for t in terms:
+                    out |= BitMap(b.postings(t, view.limit))
         if view.deleted:
             out -= view.deleted
         return out
@@ -632,6 +647,17 @@ class Shard:
         with self._write_lock:
             self._closed = True
         self.store.close()
+
+
+class OverBudget(Exception):
+    """A budgeted range lookup read more terms than it was allowed (see Shard.term_range)."""
+
+
+def _spend(budget: list[int] | None, n: int) -> None:
+    if budget is not None:
+        budget[0] -= n
+        if budget[0] < 0:
+            raise OverBudget()
 
 
 class _Garbage:

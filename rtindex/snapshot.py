@@ -115,16 +115,24 @@ class Snapshot:
         return self._collect(lambda shard, v: BitMap().union(*(shard.term(v, t) for t in terms)))
 
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
-              hi_inclusive: bool = False) -> Postings:
-        """Rows where ``lo <(=) path <(=) hi``; numbers (and timestamps) or strings, not both."""
+              hi_inclusive: bool = False, budget: list[int] | None = None) -> Postings:
+        """Rows where ``lo <(=) path <(=) hi``; numbers (and timestamps) or strings, not both.
+
+        ``budget``: see :meth:`prefix`.
+        """
         p = keys.split_path(path)
         ranges = _key_ranges(p, lo, hi, lo_inclusive, hi_inclusive)
-        return self._ranges(ranges)
+        return self._ranges(ranges, budget)
 
-    def prefix(self, path: Path, prefix: str) -> Postings:
-        """Rows where the string at ``path`` starts with ``prefix`` (LIKE 'prefix%')."""
+    def prefix(self, path: Path, prefix: str, budget: list[int] | None = None) -> Postings:
+        """Rows where the string at ``path`` starts with ``prefix`` (LIKE 'prefix%').
+
+        ``budget``, for query planners: a one-item list holding how many distinct terms the
+        lookup may read; it is decremented, and ``rtindex.shard.OverBudget`` is raised when
+        the range holds more (a sign that a column scan is cheaper).
+        """
         lo = keys.column_key(keys.split_path(path), keys.STRING) + keys.escape(prefix.encode("utf-8"))
-        return self._ranges([(lo, keys.prefix_upper_bound(lo))])
+        return self._ranges([(lo, keys.prefix_upper_bound(lo))], budget)
 
     def exists(self, path: Path, types: Iterable[str] | None = None) -> Postings:
         """Rows that have ``path`` at all (any type, null included), or one of ``types``."""
@@ -140,9 +148,26 @@ class Snapshot:
         """Rows that do not have ``path`` at all (JSON null counts as present)."""
         return self.all() - self.exists(path)
 
-    def _ranges(self, ranges: list[tuple[bytes, bytes]]) -> Postings:
+    def arrays(self, path: Path, include_self: bool = True) -> Postings:
+        """Rows where a field on the way to ``path`` (and, with ``include_self``, ``path``
+        itself) holds an array: there ``path`` names no single value, only elements, which
+        :meth:`term` and :meth:`range` also find."""
+        p = keys.split_path(path)
+        prefixes = [p[:i] for i in range(1, len(p) + (1 if include_self else 0))]
+        if not prefixes:
+            return Postings(self, {})
+        markers = [keys.column_key(q, keys.ARRAY) for q in prefixes]
+
+        def rows_of(shard, v):
+            if not shard.has_arrays(v, markers):
+                return BitMap()
+            return BitMap().union(*(shard.term(v, m) for m in markers))
+        return self._collect(rows_of)
+
+    def _ranges(self, ranges: list[tuple[bytes, bytes]], budget: list[int] | None = None) -> Postings:
         ranges = [(lo, hi) for lo, hi in ranges if lo < hi]
-        return self._collect(lambda shard, v: BitMap().union(*(shard.term_range(v, lo, hi) for lo, hi in ranges)))
+        return self._collect(lambda shard, v: BitMap().union(*(shard.term_range(v, lo, hi, budget)
+                                                                for lo, hi in ranges)))
 
     # -- rows and columns ---------------------------------------------------
     def fetch(self, rows: Postings, limit: int | None = None) -> list[dict]:

@@ -17,7 +17,7 @@ def test_every_public_name_is_documented():
 
 def test_every_public_method_is_documented():
     missing = []
-    for cls in (rtindex.Database, rtindex.Collection, rtindex.Snapshot, rtindex.Postings):
+    for cls in (rtindex.Database, rtindex.Collection, rtindex.Snapshot, rtindex.Postings, rtindex.Result):
         for name, member in inspect.getmembers(cls):
             if name.startswith("_") or not callable(member):
                 continue
@@ -27,6 +27,6 @@ def test_every_public_method_is_documented():
 
 
 def test_public_methods_have_docstrings():
-    missing = [f"{cls.__name__}.{n}" for cls in (rtindex.Database, rtindex.Collection, rtindex.Snapshot)
+    missing = [f"{cls.__name__}.{n}" for cls in (rtindex.Database, rtindex.Collection, rtindex.Snapshot, rtindex.Result)
                for n, m in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_") and not m.__doc__]
     assert not missing, f"write docstrings for: {missing}"

@@ -4,8 +4,8 @@ import rtindex
 def test_public_names_are_pinned():
     assert sorted(rtindex.__all__) == [
         "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "IngestStats",
-        "ItemError", "NotFoundError", "OverloadedError", "Postings", "RtindexError", "SchemaError",
-        "Snapshot", "StorageError", "open",
+        "ItemError", "NotFoundError", "OverloadedError", "Postings", "Result", "RtindexError", "SchemaError",
+        "Snapshot", "SqlError", "StorageError", "UnsupportedSqlError", "open",
     ]
     for name in rtindex.__all__:
         assert getattr(rtindex, name) is not None
@@ -14,6 +14,8 @@ def test_public_names_are_pinned():
 def test_errors_inherit_the_builtins_they_mean():
     assert issubclass(rtindex.NotFoundError, KeyError)
     assert issubclass(rtindex.SchemaError, ValueError)
+    assert issubclass(rtindex.SqlError, ValueError)
+    assert issubclass(rtindex.UnsupportedSqlError, rtindex.SqlError)
     assert issubclass(rtindex.CorruptionError, rtindex.StorageError)
     for name in ("StorageError", "ClosedError", "NotFoundError", "SchemaError", "OverloadedError"):
         assert issubclass(getattr(rtindex, name), rtindex.RtindexError)

@@ -1,0 +1,350 @@
+"""Runs a checked query: binds parameters, picks the access path by cost, produces a Result.
+
+Access paths (docs/sql.md has the rules, EXPLAIN shows the numbers):
+
+- **index**: WHERE becomes posting-list algebra on the snapshot; the matching rows are
+  fetched from the row store. A plain projection (or ``SELECT *``) is answered right there;
+  anything else runs in DuckDB over an Arrow table of the fields it needs.
+- **scan**: the column store's typed columns of the needed fields are read for every row,
+  and DuckDB filters (WHERE compiled to typed column expressions) and computes the rest.
+
+The choice compares estimated costs: ``rows matched x ROW_COST`` for the index path against
+``rows in collection x columns x COLUMN_COST + SCAN_OVERHEAD`` for the scan. Range predicates
+are looked up with a term budget, so a range over most of a high-cardinality field gives up
+early and picks the scan. Some queries have only one path: ``SELECT *``, UNNEST, arrays or
+objects in the output, and ARRAY_CONTAINS need the index path (rows or element postings).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import pyarrow as pa
+
+from rtindex import keys
+from rtindex.errors import NotFoundError, SqlError
+from rtindex.result import Result
+from rtindex.shard import OverBudget
+from rtindex.sql import frames
+from rtindex.sql import predicates as P
+from rtindex.sql.execute import DuckEngine
+from rtindex.sql.parse import PlanCache, Query
+
+if TYPE_CHECKING:
+    from rtindex.database import Database
+    from rtindex.snapshot import Snapshot
+
+# Cost model, in microseconds, measured with benchmarks/query.py on the development machine
+# (docs/benchmarks.md): fetching and decoding one row, reading one value of one column.
+ROW_COST = 4.0
+COLUMN_COST = 0.02
+SCAN_OVERHEAD = 400.0
+ACCESS = ("index", "scan")
+
+
+@dataclass
+class Plan:
+    """What runs for one execution, and why: EXPLAIN prints it."""
+
+    collection: str
+    access: str
+    reason: str
+    total_rows: int
+    matched_rows: int | None  # exact, from posting lists (None: the scan was chosen first)
+    predicates: list[tuple[str, int | None]] = field(default_factory=list)  # leaf, rows where TRUE
+    index_cost_us: float | None = None
+    scan_cost_us: float | None = None
+    duckdb_sql: str | None = None
+
+    def __str__(self) -> str:
+        lines = [f"collection {self.collection}: {self.access} path ({self.reason})",
+                 f"  rows in collection: {self.total_rows}"]
+        if self.matched_rows is not None:
+            lines.append(f"  rows matched by the index: {self.matched_rows}")
+        for text, n in self.predicates:
+            lines.append(f"  predicate {text}: {'over the term budget' if n is None else f'{n} rows'}")
+        if self.index_cost_us is not None:
+            lines.append(f"  estimated cost, index path: {self.index_cost_us:,.0f} us")
+        if self.scan_cost_us is not None:
+            lines.append(f"  estimated cost, column scan: {self.scan_cost_us:,.0f} us")
+        lines.append(f"  DuckDB: {self.duckdb_sql}" if self.duckdb_sql else "  DuckDB: not used")
+        return "\n".join(lines)
+
+
+class SqlEngine:
+    """SQL for one Database: the plan cache and the sandboxed DuckDB live here."""
+
+    def __init__(self, db: "Database"):
+        self._db = db
+        self._plans = PlanCache()
+        self._duck: DuckEngine | None = None
+        self._lock = threading.Lock()
+
+    def duck(self) -> DuckEngine:
+        with self._lock:
+            if self._duck is None:
+                self._duck = DuckEngine()
+            return self._duck
+
+    def close(self) -> None:
+        with self._lock:
+            if self._duck is not None:
+                self._duck.close()
+
+    # ------------------------------------------------------------------------------
+    def sql(self, text: str, params: Any = None, access: str | None = None) -> Result:
+        t0 = time.perf_counter()
+        q = self._plans.get(text)
+        run = _Execution(self, q, params, access)
+        plan = run.choose()
+        res = run.run(plan)
+        res.plan = plan
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def explain(self, text: str, params: Any = None, access: str | None = None) -> Plan:
+        q = self._plans.get(text)
+        run = _Execution(self, q, params, access)
+        plan = run.choose(explain=True)
+        if plan.access == "scan" or q.plain is None:
+            plan.duckdb_sql = run.duck_text(plan)
+        return plan
+
+
+class _Execution:
+    """One execution of a query: bound parameters, one snapshot of the collection."""
+
+    def __init__(self, engine: SqlEngine, q: Query, params: Any, access: str | None):
+        if access is not None and access not in ACCESS:
+            raise ValueError(f"access must be one of {ACCESS} or None, not {access!r}")
+        self.engine = engine
+        self.q = q
+        self.forced = access
+        self.params = _check_params(q, params)
+        self.leaves = list(P.leaves(q.where)) if q.where is not None else []
+        for leaf in self.leaves:  # bad values are errors whichever path runs
+            if isinstance(leaf, P.Like):
+                P.like_prefix(self.bind(leaf.pattern), q.sql, leaf.position)
+            elif isinstance(leaf, (P.Compare, P.ArrayContains)):
+                self.bind(leaf.value)
+        try:
+            coll = engine._db.collection(q.collection)
+        except NotFoundError:
+            raise SqlError(f"no collection {q.collection!r}", q.sql) from None
+        self.snap: Snapshot = coll.snapshot()
+        self.rows = None  # Postings of the index path, once computed
+        self.types: dict[tuple[str, ...], list[int]] = {}
+
+    # -- parameters -----------------------------------------------------------------
+    def bind(self, operand: P.Operand) -> Any:
+        if isinstance(operand, P.Const):
+            return operand.value
+        value = self.params[operand.key]
+        return P.check_value(value, self.q.sql, operand.position)
+
+    def int_param(self, operand: P.Operand | None) -> int | None:
+        if operand is None:
+            return None
+        v = operand.value if isinstance(operand, P.Const) else self.params[operand.key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise SqlError(f"LIMIT and OFFSET take a non-negative integer, not {v!r}", self.q.sql)
+        return v
+
+    # -- choosing -------------------------------------------------------------------
+    def column_tags(self, path: tuple[str, ...]) -> list[int]:
+        if path not in self.types:
+            self.types[path] = [keys.TAGS_BY_NAME[t] for t in self.snap.column_types(path)]
+        return self.types[path]
+
+    def scan_blocker(self) -> str | None:
+        """Why the column scan cannot answer this query (None: it can)."""
+        q = self.q
+        if q.star:
+            return "SELECT * reads whole documents"
+        if any(isinstance(x, P.ArrayContains) for x in self.leaves):
+            return "ARRAY_CONTAINS reads array elements"
+        for path in q.fields:
+            if keys.ARRAY in self.column_tags(path):
+                return f"{'.'.join(path)} holds arrays"
+        for path in dict.fromkeys(list(q.fields) + [leaf.path for leaf in self.leaves]):
+            if self.snap.exists(path, ["object"]):
+                return f"{'.'.join(path)} holds objects"
+        return None
+
+    def choose(self, explain: bool = False) -> Plan:
+        q = self.q
+        total = self.snap.count()
+        plan = Plan(q.collection, "index", "", total, None)
+        ncols = max(1, len(set(q.fields) | {leaf.path for leaf in self.leaves}))
+        blocker = self.scan_blocker()
+        access = None
+        if blocker is not None:
+            access, plan.reason = "index", f"the column scan cannot: {blocker}"
+            if self.forced == "scan":
+                plan.reason += "; access='scan' ignored"
+        else:
+            plan.scan_cost_us = total * ncols * COLUMN_COST + SCAN_OVERHEAD
+            if self.forced is not None:
+                access, plan.reason = self.forced, f"access={self.forced!r} requested"
+        if access != "scan":
+            if q.where is None:
+                self.rows = self.snap.all()
+            else:
+                budget = [max(1024, int(plan.scan_cost_us / ROW_COST))] if access is None else None
+                try:
+                    self.rows = P.IndexEvaluator(self.snap, self.bind, budget).true(q.where)
+                except OverBudget:
+                    self.rows = None
+            if self.rows is not None:
+                plan.matched_rows = len(self.rows)
+                plan.index_cost_us = plan.matched_rows * ROW_COST
+        if access is None:
+            if self.rows is None:
+                access, plan.reason = "scan", "a range predicate covers more terms than the index path's budget"
+            elif plan.index_cost_us <= plan.scan_cost_us:
+                access, plan.reason = "index", "fewer rows to fetch than column values to scan"
+            else:
+                access, plan.reason = "scan", "scanning columns is cheaper than fetching the matched rows"
+        plan.access = access
+        if explain and q.where is not None:
+            plan.predicates = self.leaf_sizes(q.where, unbounded=blocker is not None)
+        return plan
+
+    def leaf_sizes(self, pred: P.Pred, unbounded: bool) -> list[tuple[str, int | None]]:
+        out = []
+        for leaf in dict.fromkeys(P.leaves(pred)):
+            budget = None if unbounded else [max(1024, self.snap.count() // 4)]
+            try:
+                n = len(P.IndexEvaluator(self.snap, self.bind, budget).true(leaf))
+            except OverBudget:
+                n = None
+            out.append((_leaf_text(leaf, self.bind), n))
+        return out
+
+    # -- running ----------------------------------------------------------------------
+    def run(self, plan: Plan) -> Result:
+        if plan.access == "scan":
+            return self.run_scan(plan)
+        return self.run_index(plan)
+
+    def limits(self) -> tuple[int | None, int]:
+        return self.int_param(self.q.limit), self.int_param(self.q.offset) or 0
+
+    def run_index(self, plan: Plan) -> Result:
+        q = self.q
+        limit, offset = self.limits()
+        if q.plain is not None:
+            want = None if limit is None else offset + limit
+            docs = self.snap.fetch(self.rows, limit=want)[offset:]
+            if q.star:
+                if q.star_except:
+                    docs = [{k: v for k, v in d.items() if k not in q.star_except} for d in docs]
+                return Result(q.outputs, rows=docs, access="index")
+            rows = [{name: frames.output_value(path, frames.get_path(d, path)) for name, path in q.plain}
+                    for d in docs]
+            return Result(q.outputs, rows=rows, access="index")
+        docs = self.snap.fetch(self.rows)
+        names = list(q.fields.values())
+        cols = [frames.column([frames.get_path(d, path) for d in docs], path) for path in q.fields]
+        names.append("__pos")  # the row's position in docs (also: a frame needs one column)
+        cols.append(pa.array(range(len(docs)), type=pa.int64()))
+        frame = frames.table(names, cols)
+        out = self.engine.duck().run(self.duck_text(plan), {"frame": frame}, self.duck_params())
+        if not q.star:
+            return Result(out.column_names, table=out, access="index")
+        extras = [n for n in out.column_names if n != "__pos"]
+        rows = []
+        for r in out.to_pylist():
+            d = docs[r["__pos"]]
+            row = {k: v for k, v in d.items() if k not in q.star_except}
+            row.update((n, r[n]) for n in extras)
+            rows.append(row)
+        return Result(None, rows=rows, access="index")
+
+    def duck_params(self) -> dict[str, Any]:
+        return {name: self.bind(op) for name, op in self.q.duck_params.items()}
+
+    def duck_text(self, plan: Plan) -> str:
+        """The DuckDB statement of this execution (frame = the scan's CTE on the scan path)."""
+        q = self.q
+        text = q.duck_sql
+        limit, offset = self.limits()
+        if limit is not None:
+            text += f" LIMIT {int(limit)}"
+        if offset:
+            text += f" OFFSET {int(offset)}"
+        if plan.access != "scan":
+            return text
+        self._scan_cols: dict[tuple[tuple[str, ...], int], str] = {}
+        specs = []
+        for path in dict.fromkeys(list(q.fields) + [leaf.path for leaf in self.leaves]):
+            for tag in self.column_tags(path):
+                name = f"c{len(specs)}"
+                self._scan_cols[(path, tag)] = name
+                specs.append((path, keys.TAG_NAMES[tag]))
+        self._scan_specs = specs
+        selects = []
+        for path, fname in q.fields.items():
+            cols = {tag: f'"{c}"' for (p, tag), c in self._scan_cols.items() if p == path}
+            selects.append(f'{frames.value_sql(cols)} AS "{fname}"')
+        where = ""
+        self._scan_params: dict[str, Any] = {}
+        if q.where is not None:
+            comp = P.ScanCompiler(lambda p, t: f'"{self._scan_cols[(p, t)]}"' if (p, t) in self._scan_cols else None,
+                                  self.bind)
+            where = " WHERE " + comp.compile(q.where)
+            self._scan_params = comp.params
+        inner = ", ".join(selects) if selects else "1 AS __one"
+        return f'WITH "frame" AS (SELECT {inner} FROM "scan"{where}) {text}'
+
+    def run_scan(self, plan: Plan) -> Result:
+        text = self.duck_text(plan)
+        scan = self.snap.scan(self._scan_specs) if self._scan_specs else self.snap.scan([])
+        scan = scan.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(self._scan_specs))])
+        params = {**self.duck_params(), **self._scan_params}
+        out = self.engine.duck().run(text, {"scan": scan}, params)
+        return Result(out.column_names, table=out, access="scan")
+
+
+def _check_params(q: Query, params: Any) -> Mapping | Sequence:
+    if q.param_style is None:
+        if params:
+            raise SqlError("parameters given to a query that has none", q.sql)
+        return {}
+    if q.param_style == "positional":
+        if not isinstance(params, (list, tuple)):
+            raise SqlError(f"this query has {q.n_positional} ? parameter(s): pass a list", q.sql)
+        if len(params) != q.n_positional:
+            raise SqlError(f"this query has {q.n_positional} ? parameter(s), {len(params)} given", q.sql)
+        return params
+    if not isinstance(params, Mapping):
+        raise SqlError("this query has :name parameters: pass a dict", q.sql)
+    return _NamedParams(params, q.sql)
+
+
+class _NamedParams:
+    def __init__(self, params: Mapping, sql: str):
+        self.params = params
+        self.sql = sql
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self.params[key]
+        except KeyError:
+            raise SqlError(f"no value for parameter :{key}", self.sql) from None
+
+
+def _leaf_text(leaf: P.Pred, bind) -> str:
+    path = ".".join(leaf.path)
+    if isinstance(leaf, P.Compare):
+        return f"{path} {leaf.op} {bind(leaf.value)!r}"
+    if isinstance(leaf, P.IsNull):
+        return f"{path} IS NULL"
+    if isinstance(leaf, P.IsMissing):
+        return f"IS_MISSING({path})"
+    if isinstance(leaf, P.Like):
+        return f"{path} LIKE {bind(leaf.pattern)!r}"
+    return f"ARRAY_CONTAINS({path}, {bind(leaf.value)!r})"

@@ -1,0 +1,441 @@
+"""sqlglot -> a checked :class:`Query`: what to look up, which fields to read, what DuckDB runs.
+
+A SQL text is parsed once (plans are cached by text) and checked against a whitelist of
+constructs: anything else is an :class:`UnsupportedSqlError` naming the construct and where
+it is. Parameters stay parameters: ``:name`` and ``?`` become predicate operands bound per
+execution, or DuckDB named parameters; no value is ever spliced into SQL text.
+
+The DuckDB text of a query reads a table called ``frame``: one column ``f<i>`` per field the
+query uses outside WHERE (and ``__pos``, the row's position, for ``SELECT *``); WHERE is
+gone from it because the access path has applied it already.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.tokens import TokenType
+
+from rtindex.errors import SqlError, UnsupportedSqlError
+from rtindex.sql import predicates as P
+
+DIALECT = "duckdb"
+PLAN_CACHE_SIZE = 512
+
+AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+SCALAR_FUNCTIONS = (exp.Lower, exp.Upper, exp.Length, exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Coalesce,
+                    exp.Concat, exp.DPipe, exp.Case, exp.If, exp.Cast, exp.TryCast)
+OPERATORS = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Paren, exp.Not, exp.And,
+             exp.Or, exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.Is, exp.In, exp.Between, exp.Like)
+STRUCTURE = (exp.Select, exp.From, exp.Table, exp.TableAlias, exp.Identifier, exp.Column, exp.Dot, exp.Star,
+             exp.Alias, exp.Literal, exp.Boolean, exp.Null, exp.Placeholder, exp.Group, exp.Having, exp.Order,
+             exp.Ordered, exp.Limit, exp.Offset, exp.Where, exp.Distinct, exp.DataType, exp.Explode, exp.Unnest,
+             exp.ArrayContains)
+ALLOWED = AGGREGATES + SCALAR_FUNCTIONS + OPERATORS + STRUCTURE
+CAST_TYPES = {"BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT", "DECIMAL", "VARCHAR", "TEXT",
+              "BOOLEAN", "TIMESTAMP", "TIMESTAMPTZ", "DATE"}
+COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+FLIPPED = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+MISSING_FUNCTION = "IS_MISSING"
+Path = tuple[str, ...]
+
+
+@dataclass
+class Query:
+    """A checked SELECT on one collection; shared by every execution of the same text."""
+
+    sql: str
+    collection: str
+    where: P.Pred | None
+    fields: dict[Path, str]  # field path -> frame column, for everything outside WHERE
+    duck_sql: str  # what DuckDB runs over ``frame`` (a plain projection on the index path skips it)
+    outputs: list[str]  # output column names, in SELECT order
+    plain: list[tuple[str, Path]] | None  # (name, path) of a projection needing no DuckDB
+    star: bool  # SELECT * (documents come from the row store)
+    star_except: frozenset[str] = frozenset()
+    limit: P.Operand | None = None
+    offset: P.Operand | None = None
+    row_values: bool = False  # some field is read as an array/object value (UNNEST, or a projection)
+    param_style: str | None = None  # "named", "positional" or None
+    n_positional: int = 0
+    duck_params: dict[str, P.Operand] = field(default_factory=dict)  # $name in duck_sql -> operand
+
+
+POSITIONAL = "__q"  # ? placeholders are renamed :__q0, :__q1, ... in order of appearance
+
+
+def _number_positional(sql: str) -> tuple[str, list[tuple[int, int]]]:
+    """The text with every ``?`` placeholder token renamed ``:__q<i>`` (so parameters are
+    numbered in order of appearance, whatever order the tree is walked in), and the
+    (position in the new text, characters added so far) pairs that map positions back."""
+    try:
+        tokens = Dialect.get_or_raise(DIALECT).tokenize(sql)
+    except sqlglot.errors.SqlglotError:
+        return sql, []  # the parser reports it
+    out, shifts, last, extra = [], [], 0, 0
+    for i, t in enumerate(tok for tok in tokens if tok.token_type == TokenType.PLACEHOLDER and tok.text == "?"):
+        name = f":{POSITIONAL}{i}"
+        out.append(sql[last:t.start])
+        out.append(name)
+        last = t.end + 1
+        extra += len(name) - 1
+        shifts.append((t.start + extra, extra))
+    out.append(sql[last:])
+    return "".join(out), shifts
+
+
+class _Parser:
+    """One parse: turns the sqlglot tree into a Query, checking every node."""
+
+    def __init__(self, sql: str):
+        self.sql = sql
+        self.text, self._shifts = _number_positional(sql)
+        self.fields: dict[Path, str] = {}
+        self.placeholders: list[exp.Placeholder] = []
+        self.duck_params: dict[str, P.Operand] = {}
+        self.alias: str | None = None
+        self.collection = ""
+
+    def position(self, node: exp.Expression | None) -> int | None:
+        """Character offset in the user's text of the first token of ``node``, if known."""
+        if node is None:
+            return None
+        for n in node.walk():
+            start = n.meta.get("start") if isinstance(n, exp.Expression) else None
+            if start is not None:
+                return self.original(start)
+        return None
+
+    def original(self, pos: int) -> int:
+        extra = 0
+        for at, added in self._shifts:
+            if at <= pos:
+                extra = added
+        return pos - extra
+
+    def error(self, message: str, node: exp.Expression | None = None) -> SqlError:
+        return SqlError(message, self.sql, self.position(node))
+
+    def unsupported(self, what: str, node: exp.Expression) -> UnsupportedSqlError:
+        return UnsupportedSqlError(f"unsupported: {what}", self.sql, self.position(node))
+
+    # -- fields and operands --------------------------------------------------------
+    def field_path(self, node: exp.Expression) -> Path | None:
+        """The document path a Column (or Dot chain) names, or None if it is not a field."""
+        if isinstance(node, exp.Dot):
+            names = []
+            while isinstance(node, exp.Dot):
+                if not isinstance(node.expression, exp.Identifier):
+                    return None
+                names.append(node.expression.name)
+                node = node.this
+            base = self.field_path(node)
+            return base + tuple(reversed(names)) if base is not None else None
+        if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
+            return None
+        parts = tuple(p.name for p in node.parts)
+        if len(parts) > 1 and parts[0] in (self.alias, self.collection):
+            parts = parts[1:]
+        return parts
+
+    def operand(self, node: exp.Expression) -> P.Operand | None:
+        if isinstance(node, exp.Paren):
+            return self.operand(node.this)
+        if isinstance(node, exp.Placeholder):
+            return self.param(node)
+        if isinstance(node, exp.Null):
+            return P.Const(None)
+        if isinstance(node, exp.Boolean):
+            return P.Const(node.this)
+        if isinstance(node, exp.Literal):
+            if node.is_string:
+                return P.Const(node.this)
+            return P.Const(_number(node.this))
+        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+            return P.Const(-_number(node.this.this))
+        return None
+
+    def param(self, node: exp.Placeholder) -> P.Param:
+        name = str(node.this)
+        key: str | int = int(name[len(POSITIONAL):]) if name.startswith(POSITIONAL) else name
+        self.placeholders.append(node)
+        return P.Param(key, self.position(node))
+
+    # -- WHERE ---------------------------------------------------------------------
+    def predicate(self, node: exp.Expression) -> P.Pred:
+        if isinstance(node, exp.Paren):
+            return self.predicate(node.this)
+        if isinstance(node, (exp.And, exp.Or)):
+            items = []
+            for side in (node.this, node.expression):
+                q = self.predicate(side)
+                items.extend(q.items if type(q) is type_of(node) else [q])
+            return P.And(tuple(items)) if isinstance(node, exp.And) else P.Or(tuple(items))
+        if isinstance(node, exp.Not):
+            return P.Not(self.predicate(node.this))
+        if type(node) in COMPARISONS:
+            op = COMPARISONS[type(node)]
+            path, value = self.field_path(node.this), self.operand(node.expression)
+            if path is None or value is None:
+                path, value, op = self.field_path(node.expression), self.operand(node.this), FLIPPED[op]
+            if path is None or value is None:
+                raise self.unsupported(f"comparison {node.sql(DIALECT)} in WHERE (compare a field with a value "
+                                       "or parameter)", node)
+            return P.Compare(path, op, value)
+        if isinstance(node, exp.In):
+            path = self.where_field(node.this, node)
+            if node.args.get("query") is not None or not node.expressions:
+                raise self.unsupported("IN needs a list of values (no subqueries)", node)
+            return P.Or(tuple(P.Compare(path, "=", self.where_operand(e)) for e in node.expressions))
+        if isinstance(node, exp.Between):
+            path = self.where_field(node.this, node)
+            lo, hi = self.where_operand(node.args["low"]), self.where_operand(node.args["high"])
+            return P.And((P.Compare(path, ">=", lo), P.Compare(path, "<=", hi)))
+        if isinstance(node, exp.Is):
+            if not isinstance(node.expression, exp.Null):
+                raise self.unsupported("IS supports only IS [NOT] NULL", node)
+            return P.IsNull(self.where_field(node.this, node))
+        if isinstance(node, exp.Like):
+            if node.args.get("escape") is not None:
+                raise self.unsupported("LIKE ... ESCAPE", node)
+            pattern = self.where_operand(node.expression)
+            if isinstance(pattern, P.Const):
+                P.like_prefix(pattern.value, self.sql, self.position(node))
+            return P.Like(self.where_field(node.this, node), pattern, self.position(node))
+        if isinstance(node, exp.ArrayContains):
+            return P.ArrayContains(self.where_field(node.this, node), self.where_operand(node.expression))
+        if isinstance(node, exp.Anonymous) and node.name.upper() == MISSING_FUNCTION:
+            if len(node.expressions) != 1:
+                raise self.error("IS_MISSING takes one field", node)
+            return P.IsMissing(self.where_field(node.expressions[0], node))
+        raise self.unsupported(f"{_describe(node)} in WHERE (WHERE combines comparisons of a field with a "
+                           "value: =, <>, <, <=, >, >=, IN, BETWEEN, IS [NOT] NULL, IS_MISSING, LIKE 'prefix%', "
+                           "ARRAY_CONTAINS)", node)
+
+    def where_field(self, node: exp.Expression, parent: exp.Expression) -> Path:
+        path = self.field_path(node)
+        if path is None:
+            raise self.unsupported(f"{_describe(node)} where WHERE needs a field", parent)
+        return path
+
+    def where_operand(self, node: exp.Expression) -> P.Operand:
+        value = self.operand(node)
+        if value is None:
+            raise self.unsupported(f"{_describe(node)} where WHERE needs a value or parameter", node)
+        return value
+
+    # -- the rest ---------------------------------------------------------------------
+    def check_nodes(self, tree: exp.Expression) -> None:
+        for node in tree.walk():
+            if isinstance(node, ALLOWED):
+                if isinstance(node, exp.DataType) and node.this.name not in CAST_TYPES:
+                    raise self.unsupported(f"type {node.sql(DIALECT)} (CAST to one of {', '.join(sorted(CAST_TYPES))})",
+                                       node)
+                continue
+            if isinstance(node, exp.Anonymous) and node.name.upper() == MISSING_FUNCTION:
+                continue
+            raise self.unsupported(_describe(node), node)
+
+    def frame_column(self, path: Path) -> str:
+        if path not in self.fields:
+            self.fields[path] = f"f{len(self.fields)}"
+        return self.fields[path]
+
+    def rewrite(self, node: exp.Expression, aliases: set[str]) -> exp.Expression:
+        """Field references -> frame columns; placeholders -> $p<i> DuckDB parameters."""
+        def fix(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Placeholder):
+                param = self.param(n)
+                name = f"p{len(self.duck_params)}"
+                self.duck_params[name] = param
+                return exp.Placeholder(this=name)
+            if isinstance(n, exp.Column) and len(n.parts) == 1 and n.name in aliases:
+                return n
+            path = self.field_path(n) if isinstance(n, (exp.Column, exp.Dot)) else None
+            if path is not None:
+                return exp.column(self.frame_column(path), quoted=True)
+            return n
+        return node.transform(fix, copy=True)
+
+    def parse(self) -> Query:
+        try:
+            trees = sqlglot.parse(self.text, read=DIALECT)
+        except sqlglot.errors.ParseError as e:
+            err = e.errors[0] if e.errors else {}
+            pos = None
+            if err.get("line"):
+                lines = self.text.split("\n")
+                pos = self.original(sum(len(x) + 1 for x in lines[: err["line"] - 1]) + max(err.get("col", 1) - 1, 0))
+            raise SqlError(f"syntax error: {err.get('description', str(e))}", self.sql, pos) from e
+        except sqlglot.errors.SqlglotError as e:
+            raise SqlError(f"syntax error: {e}", self.sql) from e
+        trees = [t for t in trees if t is not None]
+        if len(trees) != 1:
+            raise SqlError(f"expected one statement, got {len(trees)}", self.sql)
+        tree = trees[0]
+        if not isinstance(tree, exp.Select):
+            raise self.unsupported(f"{_describe(tree)} statement (only SELECT)", tree)
+        for arg in ("with_", "with", "joins", "laterals", "windows", "qualify", "distinct", "into", "pivots",
+                    "sample", "locks", "kind", "prewhere", "connect", "match"):
+            if tree.args.get(arg):
+                raise self.unsupported(f"{arg.rstrip('_').upper()} (a query reads one collection)", tree)
+        self.check_nodes(tree)
+        source = tree.args.get("from_") or tree.args.get("from")
+        if source is None or not isinstance(source.this, exp.Table) or source.this.args.get("db"):
+            raise self.unsupported("a SELECT without FROM <collection>", tree)
+        table = source.this
+        self.collection = table.name
+        self.alias = table.alias or None
+
+        where = tree.args.get("where")
+        pred = self.predicate(where.this) if where is not None else None
+
+        limit = self.limit_operand(tree.args.get("limit"))
+        offset = self.limit_operand(tree.args.get("offset"))
+        query = self.select_part(tree, pred, limit, offset)
+        positional = {str(p.this) for p in self.placeholders if str(p.this).startswith(POSITIONAL)}
+        if positional and len(positional) != len({str(p.this) for p in self.placeholders}):
+            raise SqlError("use either :name or ? parameters, not both", self.sql)
+        query.param_style = ("positional" if positional else "named") if self.placeholders else None
+        query.n_positional = len(positional)
+        return query
+
+    def limit_operand(self, node: exp.Expression | None) -> P.Operand | None:
+        if node is None:
+            return None
+        value = self.operand(node.expression)
+        if value is None or (isinstance(value, P.Const) and (not isinstance(value.value, int)
+                                                            or isinstance(value.value, bool) or value.value < 0)):
+            raise self.error("LIMIT and OFFSET take a non-negative integer or a parameter", node)
+        return value
+
+    def select_part(self, tree: exp.Select, pred, limit, offset) -> Query:
+        items = tree.expressions
+        aliases = {e.alias for e in items if isinstance(e, exp.Alias)}
+        stars = [e for e in items if isinstance(e, exp.Star)]
+        for e in items:
+            if isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
+                stars.append(e)
+        if len(stars) > 1:
+            raise self.unsupported("more than one *", stars[1])
+        star_except: frozenset[str] = frozenset()
+        if stars:
+            exc = stars[0].args.get("except_") or stars[0].args.get("except") or []
+            names = []
+            for c in exc:
+                path = self.field_path(c)
+                if path is None or len(path) != 1:
+                    raise self.unsupported("* EXCEPT of a nested field (name top-level fields)", c)
+                names.append(path[0])
+            star_except = frozenset(names)
+            for key in ("replace", "rename"):
+                if stars[0].args.get(key):
+                    raise self.unsupported(f"* {key.upper()}", stars[0])
+        grouped = bool(tree.args.get("group")) or bool(tree.args.get("having")) or any(
+            e.find(*AGGREGATES) for e in items)
+        if stars and grouped:
+            raise self.error("SELECT * cannot be combined with GROUP BY or aggregates", stars[0])
+
+        outputs: list[str] = []
+        plain: list[tuple[str, Path]] | None = [] if not grouped and not tree.args.get("order") else None
+        select_sql: list[str] = []
+        row_values = False
+        for e in items:
+            if e in stars:
+                select_sql.append('"__pos"')
+                continue
+            inner = e.this if isinstance(e, exp.Alias) else e
+            path = self.field_path(inner)
+            name = _unique(e.alias if isinstance(e, exp.Alias) else
+                           (".".join(path) if path is not None else inner.sql(DIALECT)), outputs)
+            outputs.append(name)
+            if path is not None:
+                row_values = True
+            if inner.find(exp.Explode, exp.Unnest):
+                row_values = True
+            if plain is not None:
+                if path is not None:
+                    plain.append((name, path))
+                else:
+                    plain = None
+            select_sql.append(f"{self.rewrite(inner, set()).sql(DIALECT)} AS {_quote(name)}")
+        if stars and plain is not None and len(items) > 1:
+            plain = None  # * mixed with expressions: DuckDB computes the extras
+        if stars and plain is not None:
+            plain = []
+        text = "SELECT " + ", ".join(select_sql) + ' FROM "frame"'
+        group = tree.args.get("group")
+        if group is not None:
+            text += " GROUP BY " + ", ".join(self.rewrite(g, aliases).sql(DIALECT) for g in group.expressions)
+        having = tree.args.get("having")
+        if having is not None:
+            text += " HAVING " + self.rewrite(having.this, aliases).sql(DIALECT)
+        order = tree.args.get("order")
+        if order is not None:
+            text += " ORDER BY " + ", ".join(self.rewrite(o, aliases).sql(DIALECT) for o in order.expressions)
+        return Query(sql=self.sql, collection=self.collection, where=pred, fields=dict(self.fields),
+                     duck_sql=text, outputs=outputs, plain=plain, star=bool(stars), star_except=star_except,
+                     limit=limit, offset=offset, row_values=row_values, duck_params=dict(self.duck_params))
+
+
+def type_of(node: exp.Expression) -> type:
+    return P.And if isinstance(node, exp.And) else P.Or
+
+
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _describe(node: exp.Expression) -> str:
+    if isinstance(node, (exp.Anonymous, exp.Func)):
+        name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+        return f"function {name.upper()}"
+    return node.key.upper().replace("_", " ")
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _unique(name: str, taken: list[str]) -> str:
+    if name not in taken:
+        return name
+    i = 2
+    while f"{name}_{i}" in taken:
+        i += 1
+    return f"{name}_{i}"
+
+
+class PlanCache:
+    """Checked queries by SQL text, least recently used evicted first; thread-safe."""
+
+    def __init__(self, size: int = PLAN_CACHE_SIZE):
+        self.size = size
+        self._plans: OrderedDict[str, Query] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, sql: str) -> Query:
+        if not isinstance(sql, str):
+            raise SqlError(f"SQL must be a string, not {type(sql).__name__}")
+        with self._lock:
+            q = self._plans.get(sql)
+            if q is not None:
+                self._plans.move_to_end(sql)
+                return q
+        q = _Parser(sql).parse()
+        with self._lock:
+            self._plans[sql] = q
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+        return q
+
+    def __len__(self) -> int:
+        return len(self._plans)
