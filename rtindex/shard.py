@@ -45,7 +45,8 @@ class Segment:
     """A sealed segment on disk. Immutable; weak-referenceable so its files can be dropped
     once the last reader state that refers to it is gone."""
 
-    __slots__ = ("segid", "base", "n", "live", "column_keys", "column_set", "merged_into", "__weakref__")
+    __slots__ = ("segid", "base", "n", "live", "column_keys", "column_set", "term_memo", "merged_into",
+                 "__weakref__")
 
     def __init__(self, segid: int, base: int, n: int, live: FrozenBitMap, column_keys: tuple[bytes, ...]):
         self.segid = segid
@@ -54,6 +55,7 @@ class Segment:
         self.live = live
         self.column_keys = column_keys
         self.column_set = frozenset(column_keys)
+        self.term_memo: dict[bytes, bool] = {}  # column key -> has terms (see Shard.has_terms)
         # the segment a merge turned this one into: a reader still holding this one keeps the
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
@@ -257,6 +259,30 @@ class Shard:
         has a column. In-memory segments answer True (look the markers up)."""
         return not isinstance(view.seg, Segment) or not view.seg.column_set.isdisjoint(array_keys)
 
+    def has_columns(self, view: View, column_keys: list[bytes]) -> bool:
+        """Whether some row of ``view`` may have a column-store value for one of
+        ``column_keys`` (a scalar of that path and type outside arrays)."""
+        if isinstance(view.seg, Segment):
+            return not view.seg.column_set.isdisjoint(column_keys)
+        with self._reading(view):
+            return any(view.seg.builder.column_size(ck, view.limit) for ck in column_keys)
+
+    def has_terms(self, view: View, column_key: bytes) -> bool:
+        """Whether some row of ``view`` may hold a term of ``column_key`` (path + type).
+
+        Conservative (deleted rows count): planners use it to rule things out cheaply. A
+        sealed segment never changes, so its answer is remembered.
+        """
+        seg = view.seg
+        if isinstance(seg, Segment):
+            hit = seg.term_memo.get(column_key)
+            if hit is None:
+                hi = keys.prefix_upper_bound(column_key)
+                hit = seg.term_memo[column_key] = bool(self.term_range(View(seg, view.limit, EMPTY), column_key, hi))
+            return hit
+        with self._reading(view):
+            return column_key in seg.builder.column_keys()
+
     def term_range(self, view: View, lo: bytes, hi: bytes, budget: list[int] | None = None) -> BitMap:
         """Offsets of visible rows holding any term t with lo <= t < hi (one path and type).
 
@@ -301,7 +327,7 @@ class Shard:
             return {ck[-1] for ck in view.seg.column_keys if ck[:-1] == path_key}
         b = view.seg.builder
         with self._reading(view):
-            return {tag for tag in columns.ARROW_TYPES if len(b.column(path_key + bytes((tag,)), view.limit)[0])}
+            return {tag for tag in columns.ARROW_TYPES if b.column_size(path_key + bytes((tag,)), view.limit)}
 
     def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
         """(offsets, one array per column key) of the visible rows of ``view``."""

@@ -114,6 +114,26 @@ class Snapshot:
         terms = [keys.term(p, tag, v) for tag, v in _typed(value)]
         return self._collect(lambda shard, v: BitMap().union(*(shard.term(v, t) for t in terms)))
 
+    def elements(self, path: Path, value: Any) -> Postings:
+        """Rows where ``path`` holds an array with an element equal to ``value`` (elements of
+        nested arrays too), by :meth:`term`'s rules; a scalar equal to ``value`` is no match.
+
+        The array test costs nothing in a segment where ``path`` never holds a scalar of a
+        type that could equal ``value``: there every hit is an element.
+        """
+        p = keys.split_path(path)
+        typed = _typed(value)
+        terms = [keys.term(p, tag, v) for tag, v in typed]
+        scalars = [keys.column_key(p, tag) for tag, _ in typed]
+        marker = keys.column_key(p, keys.ARRAY)
+
+        def rows_of(shard, v):
+            hits = BitMap().union(*(shard.term(v, t) for t in terms))
+            if hits and shard.has_columns(v, scalars):
+                hits &= shard.term(v, marker)
+            return hits
+        return self._collect(rows_of)
+
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
               hi_inclusive: bool = False, budget: list[int] | None = None) -> Postings:
         """Rows where ``lo <(=) path <(=) hi``; numbers (and timestamps) or strings, not both.
@@ -181,6 +201,12 @@ class Snapshot:
             if limit is not None and len(out) >= limit:
                 break
         return out
+
+    def has_type(self, path: Path, type_name: str) -> bool:
+        """Whether some row may hold a ``type_name`` value (an array element, or a row deleted
+        since, counts) at ``path``: a cheap, conservative test for planners."""
+        ck = keys.column_key(keys.split_path(path), keys.TAGS_BY_NAME[type_name])
+        return any(self._shards[i].has_terms(v, ck) for i, v in self._views())
 
     def column_types(self, path: Path) -> list[str]:
         """Type names with a column for ``path`` in any segment (what scan() can return)."""

@@ -191,8 +191,14 @@ def snapshot(b) -> dict:
                  (b.column(ck, lim) for lim in (-1, 0, 1, n // 2, n - 1, n, n + 1, 2**40))]
             for ck in [c for c, _, _ in b.columns()] + cks + [b"no such column\x00\x00\x05"]
         },
+        "column_size": {
+            ck: [b.column_size(ck, lim) for lim in (-1, 0, 1, n // 2, n - 1, n, n + 1, 2**40)]
+            for ck in [c for c, _, _ in b.columns()] + cks + [b"no such column\x00\x00\x05"]
+        },
         "write_blocks": {target: b.write_blocks(target) for target in (1, 64, 16384)},
     }
+    for ck, sizes in snap["column_size"].items():
+        assert sizes == [len(o) for o, _ in snap["column"][ck]], ck
     for target, blocks in snap["write_blocks"].items():
         assert blocks == blocks_of(sp_arrays(b), target), target
     for t, _ in sp:

@@ -288,3 +288,18 @@ def test_one_snapshot_per_query_under_concurrent_upserts(db):
         stop.set()
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("seal", [False, True])
+def test_elements_versus_scalars_in_every_segment_kind(db, seal):
+    """ARRAY_CONTAINS skips the array test in segments without scalars of that path: check
+    both answers where scalars and arrays share a segment, in memory and sealed."""
+    c = db.create_collection("mix", shards=1)
+    c.ingest([{"_id": 1, "t": ["x", "y"]}, {"_id": 2, "t": "x"}, {"_id": 3, "t": [["x"]]},
+              {"_id": 4, "t": [{"u": "x"}]}, {"_id": 5, "t": [1, "x"]}])
+    if seal:
+        c.flush()
+    c.ingest([{"_id": 6, "t": ["x"]}])  # a segment with no scalar t: no array test needed
+    assert ids(db, "SELECT _id FROM mix WHERE ARRAY_CONTAINS(t, 'x')") == [1, 3, 5, 6]
+    assert ids(db, "SELECT _id FROM mix WHERE NOT ARRAY_CONTAINS(t, 'y')") == [3, 4, 5, 6]
+    assert ids(db, "SELECT _id FROM mix WHERE t = 'x'") == [2]

@@ -28,6 +28,8 @@ class SegmentBuilder:
         """(column key, offsets, values) for every column, sorted by column key."""
     def column(self, column_key: bytes, limit: int) -> tuple[array, list[Any]]:
         """(offsets, values) of one column's rows with offset < ``limit``: new array and list."""
+    def column_size(self, column_key: bytes, limit: int) -> int:
+        """How many rows with offset < ``limit`` have a value in this column (no copy)."""
     def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]:
         """The term blocks of a seal: what ``BlockWriter(target_bytes)`` makes of ``sorted_postings()``."""
     def _test_fail_commit_at(self, n: int) -> None:

@@ -1717,6 +1717,19 @@ cdef class SegmentBuilder:
             memcpy(offs.data.as_uints, col.offs.data, <size_t>cut * sizeof(offset_t))
         return offs, col.values[:cut]
 
+    def column_size(self, column_key, limit):
+        """How many rows with offset < ``limit`` have a value in this column (no copy)."""
+        cdef _Column col
+        cdef long long lim
+        cdef int overflow = 0
+        col = self._colobjs.get(column_key)
+        lim = PyLong_AsLongLongAndOverflow(_index(limit), &overflow)
+        if col is None or overflow < 0 or (overflow == 0 and lim <= 0):
+            return 0
+        if overflow > 0 or <unsigned long long>lim > NO_LIMIT:
+            return <Py_ssize_t>col.offs.n
+        return lower_bound(col.offs.data, <Py_ssize_t>col.offs.n, <uint64_t>lim)
+
     def columns(self):
         """(column key, offsets, values) for every column, sorted by column key.
 

@@ -177,3 +177,7 @@ class SegmentBuilder:
             return array("I"), []
         cut = bisect.bisect_left(col[0], limit)
         return col[0][:cut], col[1][:cut]
+
+    def column_size(self, column_key: bytes, limit: int) -> int:
+        """How many rows with offset < ``limit`` have a value in this column (no copy)."""
+        return len(self.column(column_key, limit)[0])

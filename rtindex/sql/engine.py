@@ -37,10 +37,12 @@ if TYPE_CHECKING:
     from rtindex.database import Database
     from rtindex.snapshot import Snapshot
 
-# Cost model, in microseconds, measured with benchmarks/query.py on the development machine
-# (docs/benchmarks.md): fetching and decoding one row, reading one value of one column.
-ROW_COST = 4.0
-COLUMN_COST = 0.02
+# Cost model, in microseconds, from benchmarks/query.py --quick on the 2-core development
+# machine (docs/benchmarks.md): fetching, decoding and framing one matched row (~9 us with
+# 60-field events, ~8 us with small rows); reading and filtering one value of one column
+# in a scan (~0.035 us).
+ROW_COST = 8.0
+COLUMN_COST = 0.035
 SCAN_OVERHEAD = 400.0
 ACCESS = ("index", "scan")
 
@@ -170,7 +172,7 @@ class _Execution:
             if keys.ARRAY in self.column_tags(path):
                 return f"{'.'.join(path)} holds arrays"
         for path in dict.fromkeys(list(q.fields) + [leaf.path for leaf in self.leaves]):
-            if self.snap.exists(path, ["object"]):
+            if self.snap.has_type(path, "object"):
                 return f"{'.'.join(path)} holds objects"
         return None
 
@@ -248,7 +250,7 @@ class _Execution:
             return Result(q.outputs, rows=rows, access="index")
         docs = self.snap.fetch(self.rows)
         names = list(q.fields.values())
-        cols = [frames.column([frames.get_path(d, path) for d in docs], path) for path in q.fields]
+        cols = [frames.column(frames.values(docs, path), path) for path in q.fields]
         names.append("__pos")  # the row's position in docs (also: a frame needs one column)
         cols.append(pa.array(range(len(docs)), type=pa.int64()))
         frame = frames.table(names, cols)

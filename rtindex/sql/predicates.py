@@ -224,10 +224,8 @@ class IndexEvaluator:
             v = self.bind(p.value)
             if v is None:
                 return self.snap.exists(p.path, [])
-            hits = self.snap.term(p.path, v)
-            if not hits:
-                return hits
-            return (hits & self.snap.exists(p.path, ["array"])) - self.arrays(p.path, include_self=False)
+            hits = self.snap.elements(p.path, v)
+            return hits - self.arrays(p.path, include_self=False) if hits else hits
         raise TypeError(f"not a predicate: {p!r}")
 
     def false(self, p: Pred):
