@@ -39,16 +39,18 @@ META_LIVE = b"L"  # + segid: serialized BitMap of the offsets the segment holds
 META_DELETED = b"D"  # + row id: that row was replaced or deleted
 
 EMPTY = FrozenBitMap()
+RANGE_READ_BLOCKS = 16  # postings blocks per multi-get in a range lookup (the budget is checked between)
 
 
 class Segment:
     """A sealed segment on disk. Immutable; weak-referenceable so its files can be dropped
     once the last reader state that refers to it is gone."""
 
-    __slots__ = ("segid", "base", "n", "live", "column_keys", "column_set", "term_memo", "merged_into",
-                 "__weakref__")
+    __slots__ = ("segid", "base", "n", "live", "column_keys", "column_set", "term_memo", "block_keys",
+                 "merged_into", "__weakref__")
 
-    def __init__(self, segid: int, base: int, n: int, live: FrozenBitMap, column_keys: tuple[bytes, ...]):
+    def __init__(self, segid: int, base: int, n: int, live: FrozenBitMap, column_keys: tuple[bytes, ...],
+                 block_keys: list[bytes] | None = None):
         self.segid = segid
         self.base = base
         self.n = n
@@ -56,6 +58,9 @@ class Segment:
         self.column_keys = column_keys
         self.column_set = frozenset(column_keys)
         self.term_memo: dict[bytes, bool] = {}  # column key -> has terms (see Shard.has_terms)
+        # first term of each postings block, sorted: a lookup bisects it and reads one block
+        # with a point get (no iterator); None until known (loaded lazily after a reopen)
+        self.block_keys = block_keys
         # the segment a merge turned this one into: a reader still holding this one keeps the
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
@@ -239,11 +244,19 @@ class Shard:
         a rotated one never changes again and needs no lock."""
         return self._mem_lock if view.seg is self._state.views[-1].seg else nullcontext()
 
+    def _block_keys(self, seg: Segment) -> list[bytes]:
+        if seg.block_keys is None:  # a benign race: two readers may both load it
+            prefix = u64(seg.segid)
+            seg.block_keys = [k[8:] for k in self.store.scan_keys("postings", prefix, u64(seg.segid + 1))]
+        return seg.block_keys
+
     def term(self, view: View, term: bytes) -> BitMap:
         """Offsets of ``view``'s visible rows holding ``term``."""
         if isinstance(view.seg, Segment):
-            hit = self.store.seek_prev("postings", u64(view.seg.segid) + term, u64(view.seg.segid))
-            bm = block_get(hit[1], term) if hit is not None else None
+            firsts = self._block_keys(view.seg)
+            i = bisect.bisect_right(firsts, term) - 1
+            block = self.store.get("postings", u64(view.seg.segid) + firsts[i]) if i >= 0 else None
+            bm = block_get(block, term) if block is not None else None
             if bm is None:
                 return BitMap()
         else:
@@ -293,13 +306,18 @@ class Shard:
         out = BitMap()
         if isinstance(view.seg, Segment):
             prefix = u64(view.seg.segid)
-            start = self.store.seek_prev("postings", prefix + lo, prefix)
-            start_key = start[0] if start is not None else prefix + lo
-            for k, block in self.store.scan("postings", start_key, prefix + hi):
-                hits = block_range(block, lo, hi)
-                _spend(budget, len(hits))
-                for _, bm in hits:
-                    out |= bm
+            firsts = self._block_keys(view.seg)
+            start = max(bisect.bisect_right(firsts, lo) - 1, 0)
+            end = bisect.bisect_left(firsts, hi)
+            for i in range(start, end, RANGE_READ_BLOCKS):
+                chunk = [prefix + k for k in firsts[i:min(end, i + RANGE_READ_BLOCKS)]]
+                for block in self.store.multi_get("postings", chunk):
+                    if block is None:
+                        raise CorruptionError(f"shard {self.index}: postings block missing in segment {view.seg.segid}")
+                    hits = block_range(block, lo, hi)
+                    _spend(budget, len(hits))
+                    for _, bm in hits:
+                        out |= bm
         else:
             b = view.seg.builder
             with self._reading(view):
@@ -515,8 +533,8 @@ class Shard:
         prefix = u64(segid)
         # postings sorted and encoded in C with the GIL released; both column families go
         # in as SST files (no WAL or memtable); the descriptor below makes them count
-        self.store.ingest_sorted("postings", ((prefix + first, block)
-                                              for first, block in b.write_blocks(self.config.block_bytes)))
+        firsts: list[bytes] = []
+        self.store.ingest_sorted("postings", _recording(firsts, prefix, b.write_blocks(self.config.block_bytes)))
         colkeys = []
 
         def column_chunks():
@@ -525,7 +543,7 @@ class Shard:
                 yield prefix + ck, columns.encode(columns.dense(ck[-1], offs, vals, n))
 
         self.store.ingest_sorted("columns", column_chunks())
-        seg = Segment(segid, mem.base, n, FrozenBitMap(range(n)), tuple(colkeys))
+        seg = Segment(segid, mem.base, n, FrozenBitMap(range(n)), tuple(colkeys), firsts)
         wb = self.store.batch()
         self._put_descriptor(wb, seg)
         self.store.write(wb)
@@ -607,8 +625,8 @@ class Shard:
         # postings streamed from the inputs' blocks into an SST file (the segment exists only
         # once its descriptor is written, so a crash in between leaves orphans open() removes)
         inputs = [(self._blocks(v.seg.segid), v.base - base, BitMap(v.deleted)) for v in run]
-        self.store.ingest_sorted("postings", ((prefix + first, block)
-                                              for first, block in merge_blocks(inputs, self.config.block_bytes)))
+        firsts: list[bytes] = []
+        self.store.ingest_sorted("postings", _recording(firsts, prefix, merge_blocks(inputs, self.config.block_bytes)))
         live = BitMap()
         keeps = []
         for v in run:
@@ -627,7 +645,7 @@ class Shard:
                 yield prefix + ck, columns.encode(pa.concat_arrays(parts))
 
         self.store.ingest_sorted("columns", column_chunks())
-        seg = Segment(segid, base, n, FrozenBitMap(live), tuple(colkeys))
+        seg = Segment(segid, base, n, FrozenBitMap(live), tuple(colkeys), firsts)
         wb = self.store.batch()
         self._put_descriptor(wb, seg)
         for v in run:
@@ -673,6 +691,13 @@ class Shard:
         with self._write_lock:
             self._closed = True
         self.store.close()
+
+
+def _recording(firsts: list[bytes], prefix: bytes, blocks):
+    """Pass (first term, block) pairs on as postings records, noting each first term."""
+    for first, block in blocks:
+        firsts.append(first)
+        yield prefix + first, block
 
 
 class OverBudget(Exception):

@@ -84,13 +84,13 @@ class Snapshot:
         self._coll = coll
         self._shards = coll._shards
         self.states: list[ShardState] = [s.state for s in self._shards]
+        # the views with rows (a fresh in-memory segment has none: nothing to look up there)
+        self._nonempty = [(i, v) for i, st in enumerate(self.states) for v in st.views if v.limit]
 
     def _views(self) -> Iterator[tuple[int, "View"]]:
         if self._coll.closed:
             raise ClosedError(f"collection {self._coll.name!r} is closed")
-        for i, st in enumerate(self.states):
-            for v in st.views:
-                yield i, v
+        return iter(self._nonempty)
 
     def count(self) -> int:
         """Number of visible documents, without reading them."""

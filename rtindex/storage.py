@@ -161,15 +161,18 @@ class Store:
             yield it.key(), it.value()
             it.next()
 
-    def seek_prev(self, cf: str, key: bytes, lo: bytes) -> tuple[bytes, bytes] | None:
-        """The last (key, value) with lo <= k <= key, or None."""
+    def scan_keys(self, cf: str, lo: bytes, hi: bytes) -> list[bytes]:
+        """Keys k with lo <= k < hi, in order, without reading values."""
         self._check()
-        # (rocksdict 0.3.29: an iterate_lower_bound makes seek_for_prev find nothing)
-        it = self._cf[cf].iter(ReadOptions())
-        it.seek_for_prev(key)
-        if it.valid() and it.key() >= lo:
-            return it.key(), it.value()
-        return None
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        it = self._cf[cf].iter(ro)
+        it.seek(lo)
+        out = []
+        while it.valid():
+            out.append(it.key())
+            it.next()
+        return out
 
     def last_key(self, cf: str) -> bytes | None:
         self._check()
