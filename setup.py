@@ -27,7 +27,7 @@ directives = {
     "embedsignature": True,
 }
 
-MODULES = ["_segment", "_blocks"]
+MODULES = ["_segment", "_blocks", "_lru"]
 
 extensions = [
     Extension(
