@@ -49,7 +49,7 @@ class Collection:
         try:
             for i in range(n_shards):
                 self._shards.append(Shard(os.path.join(path, f"shard-{i:03d}"), i, config, db._sealer,
-                                          db._merger, sync=db.sync, block_cache=db._block_cache,
+                                          db._merger, db._row_cache, sync=db.sync, block_cache=db._block_cache,
                                           write_buffers=db._write_buffers))
         except BaseException:
             for s in self._shards:

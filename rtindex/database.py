@@ -15,6 +15,7 @@ from rtindex.background import Worker
 from rtindex.collection import Collection
 from rtindex.documents import Limits
 from rtindex.result import Result
+from rtindex.rowcache import RowStoreCache
 from rtindex.sql.engine import Plan, SqlEngine
 from rtindex.errors import AlreadyExistsError, ClosedError, NotFoundError, StorageError
 from rtindex.shard import ShardConfig
@@ -31,7 +32,7 @@ class Database:
     def __init__(self, path: str, *, create: bool = True, sync: bool = False,
                  block_cache_bytes: int = 256 << 20, write_buffer_bytes: int = 256 << 20, max_document_bytes: int = 4 << 20,
                  max_depth: int = 64, seal_rows: int = 25_000, seal_bytes: int = 96 << 20,
-                 merge_factor: int = 4):
+                 merge_factor: int = 4, row_cache_bytes: int = 256 << 20):
         self.path = os.path.abspath(path)
         if not os.path.isdir(self.path):
             if not create:
@@ -47,6 +48,9 @@ class Database:
                                    max_depth=max_depth)
         self._block_cache = new_block_cache(block_cache_bytes)
         self._write_buffers = new_write_buffer_manager(write_buffer_bytes)
+        if isinstance(row_cache_bytes, bool) or not isinstance(row_cache_bytes, int) or row_cache_bytes < 0:
+            raise ValueError(f"row_cache_bytes must be a non-negative int (0 turns the cache off), not {row_cache_bytes!r}")
+        self._row_cache = RowStoreCache(row_cache_bytes)
         self._sealer = Worker("sealer")
         self._merger = Worker("merger")
         self._collections: dict[str, Collection] = {}
@@ -156,9 +160,11 @@ class Database:
         return self._sql.explain(sql, params, access)
 
     def stats(self) -> dict:
-        """Per collection and shard: documents, segments, approximate disk bytes."""
+        """Per collection and shard: documents, segments, approximate disk bytes; and the
+        RowStoreCache's counters (hits, misses, inserts, evictions, bytes, entries)."""
         self._check()
-        return {"path": self.path, "collections": {n: c.stats() for n, c in self._collections.items()}}
+        return {"path": self.path, "collections": {n: c.stats() for n, c in self._collections.items()},
+                "row_cache": self._row_cache.stats()}
 
     def close(self) -> None:
         """Finish background work and close every shard. Idempotent."""
@@ -189,6 +195,8 @@ def open(path: str, **options: Any) -> Database:  # noqa: A001 - the natural nam
     Options: ``create`` (True), ``sync`` (False: an acknowledged write survives a process
     crash; True: also a power loss, at the cost of an fsync per batch), ``block_cache_bytes``,
     ``write_buffer_bytes`` (RocksDB memtables of all shards together),
-    ``max_document_bytes``, ``max_depth``, ``seal_rows``, ``seal_bytes``, ``merge_factor``.
+    ``max_document_bytes``, ``max_depth``, ``seal_rows``, ``seal_bytes``, ``merge_factor``,
+    ``row_cache_bytes`` (256 MiB: the RowStoreCache of decoded rows shared by every
+    collection; 0 turns it off).
     """
     return Database(path, **options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
@@ -17,7 +18,9 @@ if TYPE_CHECKING:
 class Result:
     """Rows of one query. ``rows()`` gives dicts, ``arrow()`` a pyarrow Table, ``df()`` a
     pandas DataFrame; iterating yields the dicts. ``access`` says which path ran ("index" or
-    "scan"), ``plan`` why, ``seconds`` how long it took.
+    "scan"), ``plan`` why, ``seconds`` how long it took and ``timings`` where that went
+    (seconds per stage: ``plan`` (parse, lookups, choice), ``fetch`` (index path: rows to
+    values, "add fields"), ``scan`` (column scan), ``duckdb``).
 
     Documents (``SELECT *``) come back as stored; as Arrow, their top-level fields become
     columns, typed as docs/sql.md describes.
@@ -31,6 +34,7 @@ class Result:
         self.access = access
         self.plan: Plan | None = None
         self.seconds = 0.0
+        self.timings: dict[str, float] = {}
 
     @property
     def columns(self) -> list[str]:
@@ -55,10 +59,8 @@ class Result:
 
     def df(self) -> "pandas.DataFrame":
         """Every row as a pandas DataFrame (needs pandas installed)."""
-        try:
-            import pandas  # noqa: F401 - only to say what is missing
-        except ImportError:
-            raise ImportError("Result.df() needs pandas: pip install pandas") from None
+        if importlib.util.find_spec("pandas") is None:
+            raise ImportError("Result.df() needs pandas: pip install pandas")
         return self.arrow().to_pandas()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

@@ -31,6 +31,7 @@ from rtindex._impl import SegmentBuilder, block_get, block_range, merge_blocks
 from rtindex.background import Worker
 from rtindex.errors import CorruptionError, SchemaError, StorageError
 from rtindex.keys import from_u64, u64
+from rtindex.rowcache import RowStoreCache, copy_json
 from rtindex.storage import Store
 
 META_NEXT_ROW = b"N"
@@ -125,8 +126,10 @@ class ShardConfig:
 
 class Shard:
     def __init__(self, path: str, index: int, config: ShardConfig, sealer: Worker, merger: Worker,
-                 sync: bool = False, block_cache=None, write_buffers=None):
+                 row_cache: RowStoreCache, sync: bool = False, block_cache=None, write_buffers=None):
         self.index = index
+        self._rows = row_cache
+        self._row_cache_id = row_cache.new_shard_id()
         self.config = config
         self.store = Store(path, sync=sync, block_cache=block_cache, write_buffers=write_buffers)
         self._sealer = sealer
@@ -236,8 +239,8 @@ class Shard:
         rid_key = self.store.get("ids", id_key)
         if rid_key is None or from_u64(rid_key) >= state.next_row_id:
             return None
-        raw = self.store.get("rows", rid_key)
-        return orjson.loads(raw) if raw is not None else None
+        doc = self.fetch([from_u64(rid_key)])[0]
+        return copy_json(doc) if doc is not None else None
 
     def _reading(self, view: View) -> ContextManager:
         """Guard for reading ``view``'s builder: the active one is locked against ``add()``;
@@ -335,7 +338,11 @@ class Shard:
             bm -= view.deleted
         return bm
 
-    def fetch(self, row_ids: list[int]) -> list[bytes | None]:
+    def fetch(self, row_ids: list[int]) -> list[dict | None]:
+        """Decoded rows through the database's RowStoreCache: shared objects, read-only."""
+        return self._rows.rows(self._row_cache_id, row_ids, self._read_rows)
+
+    def _read_rows(self, row_ids: list[int]) -> list[bytes | None]:
         return self.store.multi_get("rows", [u64(r) for r in row_ids])
 
     def column_tags(self, view: View, path_key: bytes) -> set[int]:
@@ -712,7 +719,8 @@ def _spend(budget: list[int] | None, n: int) -> None:
 
 
 class _Garbage:
-    """Deletes a merged-away segment's postings, columns, live set, rows and delete records."""
+    """Deletes a merged-away segment's postings, columns, live set, rows and delete records
+    (and the rows' RowStoreCache entries)."""
 
     def __init__(self, shard: Shard, segid: int, dropped_rows: list[int]):
         self.shard = weakref.ref(shard)
@@ -736,6 +744,7 @@ class _Garbage:
         except Exception:
             if not shard._closed:
                 raise
+        shard._rows.forget(shard._row_cache_id, self.dropped)  # no reader can ask for them again
 
 
 def keep_mask(live: FrozenBitMap, deleted: FrozenBitMap) -> pa.Array:

@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
@@ -20,6 +19,7 @@ from pyroaring import BitMap
 from rtindex import columns, keys
 from rtindex.documents import to_event_time
 from rtindex.errors import ClosedError
+from rtindex.rowcache import copy_json
 
 if TYPE_CHECKING:
     from rtindex.collection import Collection
@@ -87,9 +87,12 @@ class Snapshot:
         # the views with rows (a fresh in-memory segment has none: nothing to look up there)
         self._nonempty = [(i, v) for i, st in enumerate(self.states) for v in st.views if v.limit]
 
-    def _views(self) -> Iterator[tuple[int, "View"]]:
+    def _check(self) -> None:
         if self._coll.closed:
             raise ClosedError(f"collection {self._coll.name!r} is closed")
+
+    def _views(self) -> Iterator[tuple[int, "View"]]:
+        self._check()
         return iter(self._nonempty)
 
     def count(self) -> int:
@@ -190,14 +193,19 @@ class Snapshot:
                                                                 for lo, hi in ranges)))
 
     # -- rows and columns ---------------------------------------------------
-    def fetch(self, rows: Postings, limit: int | None = None) -> list[dict]:
-        """The documents of ``rows`` (in shard, row id order), at most ``limit``."""
+    def fetch(self, rows: Postings, limit: int | None = None, *, copy: bool = True) -> list[dict]:
+        """The documents of ``rows`` (in shard, row id order), at most ``limit``.
+
+        Rows come through the database's RowStoreCache. ``copy=False`` returns the cached
+        objects themselves (no copy, for readers that only read them: never modify those).
+        """
+        self._check()  # (cached rows would not notice a closed store)
         out: list[dict] = []
         for shard, rids in rows.by_shard().items():
             if limit is not None:
                 rids = rids[: limit - len(out)]
-            for raw in self._shards[shard].fetch(rids):
-                out.append(orjson.loads(raw))
+            docs = self._shards[shard].fetch(rids)
+            out.extend([copy_json(d) for d in docs] if copy else docs)
             if limit is not None and len(out) >= limit:
                 break
         return out

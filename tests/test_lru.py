@@ -500,17 +500,13 @@ def test_finalizer_reenters_the_cache(lru):
     """A value whose __del__ calls back into the cache while it is being evicted, replaced,
     discarded or cleared: no crash, and the cache is consistent after every call.
 
-    The twin also guarantees that a finalizer finds the cache consistent (it releases values
-    only at the end of a call, with the budget holding). The reference does not: its eviction
-    loop drops values while over budget, and its OrderedDict.clear() runs finalizers half-way,
-    when the dict and its order list disagree; a finalizer that writes to the cache then
-    leaves it corrupt (popitem raises KeyError). So the reference is driven without clear()."""
+    Both implementations also guarantee that a finalizer finds the cache consistent: they
+    release dropped values only once a call's changes are complete, with the budget holding."""
     size = lambda k: k % 5 + 1  # noqa: E731
     c = lru.RowCache(40)
     log = []
     active = [True]
-    inside = lru is ext_lru
-    clear = c.clear if lru is ext_lru else lambda: [c.discard(k) for k in c.keys_lru()]
+    clear = c.clear
 
     class Reentrant:
         def __init__(self, key, depth):
@@ -521,8 +517,7 @@ def test_finalizer_reenters_the_cache(lru):
             if not active[0]:
                 return
             log.append(self.key)
-            if inside:
-                consistent(c, size)
+            consistent(c, size)
             c.get_many([self.key, 1, 2, 3])
             if self.depth < 3:  # whose values re-enter in turn when evicted
                 nk = 1000 + 10 * self.key + self.depth
@@ -531,8 +526,7 @@ def test_finalizer_reenters_the_cache(lru):
             c.discard(self.key + 1)
             if self.key % 4 == 0:
                 clear()
-            if inside:
-                consistent(c, size)
+            consistent(c, size)
 
     rng = random.Random(1)
     for _ in range(300):
@@ -763,9 +757,6 @@ def test_copy_json_deep(lru):
 
 def test_threads(lru):
     """8 threads of get_many/put_many/discard on one cache for ~2 s: no crash, consistent."""
-    if lru is py_lru:
-        pytest.skip("the reference is not thread-safe: 8 threads make its get() raise KeyError "
-                    "(lookup, then move_to_end) and its byte counter drift")
     size = lambda k: k % 7 + 1  # noqa: E731
     c = lru.RowCache(600)
     errors = []

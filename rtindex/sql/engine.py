@@ -27,6 +27,7 @@ import pyarrow as pa
 from rtindex import keys
 from rtindex.errors import NotFoundError, SqlError
 from rtindex.result import Result
+from rtindex.rowcache import copy_json
 from rtindex.shard import OverBudget
 from rtindex.sql import frames
 from rtindex.sql import predicates as P
@@ -102,8 +103,10 @@ class SqlEngine:
         q = self._plans.get(text)
         run = _Execution(self, q, params, access)
         plan = run.choose()
+        run.timings["plan"] = time.perf_counter() - t0
         res = run.run(plan)
         res.plan = plan
+        res.timings = run.timings
         res.seconds = time.perf_counter() - t0
         return res
 
@@ -138,6 +141,7 @@ class _Execution:
             raise SqlError(f"no collection {q.collection!r}", q.sql) from None
         self.snap: Snapshot = coll.snapshot()
         self.rows = None  # Postings of the index path, once computed
+        self.timings: dict[str, float] = {}  # seconds per stage: plan, fetch or scan, duckdb
         self.types: dict[tuple[str, ...], list[int]] = {}
 
     # -- parameters -----------------------------------------------------------------
@@ -238,29 +242,36 @@ class _Execution:
     def run_index(self, plan: Plan) -> Result:
         q = self.q
         limit, offset = self.limits()
+        t0 = time.perf_counter()
         if q.plain is not None:
             want = None if limit is None else offset + limit
-            docs = self.snap.fetch(self.rows, limit=want)[offset:]
             if q.star:
+                docs = self.snap.fetch(self.rows, limit=want)[offset:]  # copies: the user's to keep
                 if q.star_except:
                     docs = [{k: v for k, v in d.items() if k not in q.star_except} for d in docs]
-                return Result(q.outputs, rows=docs, access="index")
+                self.timings["fetch"] = time.perf_counter() - t0
+                return Result(None, rows=docs, access="index")
+            docs = self.snap.fetch(self.rows, limit=want, copy=False)[offset:]
             rows = [{name: frames.output_value(path, frames.get_path(d, path)) for name, path in q.plain}
                     for d in docs]
+            self.timings["fetch"] = time.perf_counter() - t0
             return Result(q.outputs, rows=rows, access="index")
-        docs = self.snap.fetch(self.rows)
+        docs = self.snap.fetch(self.rows, copy=False)  # shared, read-only: only read into Arrow
         names = list(q.fields.values())
         cols = [frames.column(frames.values(docs, path), path) for path in q.fields]
         names.append("__pos")  # the row's position in docs (also: a frame needs one column)
         cols.append(pa.array(range(len(docs)), type=pa.int64()))
         frame = frames.table(names, cols)
+        t1 = time.perf_counter()
+        self.timings["fetch"] = t1 - t0
         out = self.engine.duck().run(self.duck_text(plan), {"frame": frame}, self.duck_params())
+        self.timings["duckdb"] = time.perf_counter() - t1
         if not q.star:
             return Result(out.column_names, table=out, access="index")
         extras = [n for n in out.column_names if n != "__pos"]
         rows = []
         for r in out.to_pylist():
-            d = docs[r["__pos"]]
+            d = copy_json(docs[r["__pos"]])
             row = {k: v for k, v in d.items() if k not in q.star_except}
             row.update((n, r[n]) for n in extras)
             rows.append(row)
@@ -303,11 +314,15 @@ class _Execution:
         return f'WITH "frame" AS (SELECT {inner} FROM "scan"{where}) {text}'
 
     def run_scan(self, plan: Plan) -> Result:
+        t0 = time.perf_counter()
         text = self.duck_text(plan)
-        scan = self.snap.scan(self._scan_specs) if self._scan_specs else self.snap.scan([])
+        scan = self.snap.scan(self._scan_specs)
         scan = scan.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(self._scan_specs))])
         params = {**self.duck_params(), **self._scan_params}
+        t1 = time.perf_counter()
+        self.timings["scan"] = t1 - t0
         out = self.engine.duck().run(text, {"scan": scan}, params)
+        self.timings["duckdb"] = time.perf_counter() - t1
         return Result(out.column_names, table=out, access="scan")
 
 

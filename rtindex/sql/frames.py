@@ -17,6 +17,7 @@ import orjson
 import pyarrow as pa
 
 from rtindex import keys
+from rtindex.rowcache import copy_json
 
 MISSING = object()
 EVENT_TIME = ("_event_time",)
@@ -44,7 +45,10 @@ def values(docs: list[dict], path: Sequence[str]) -> list:
 
 
 def output_value(path: Sequence[str], v: Any) -> Any:
-    """A projected value as rows() shows it: ``_event_time`` as an aware datetime."""
+    """A projected value as rows() shows it: ``_event_time`` as an aware datetime; arrays and
+    objects copied (the documents are the RowStoreCache's shared objects)."""
+    if isinstance(v, (dict, list)):
+        return copy_json(v)
     if tuple(path) == EVENT_TIME and isinstance(v, int) and not isinstance(v, bool):
         return _EPOCH + timedelta(microseconds=v)
     return v
