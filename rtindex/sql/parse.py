@@ -60,7 +60,6 @@ class Query:
     star_except: frozenset[str] = frozenset()
     limit: P.Operand | None = None
     offset: P.Operand | None = None
-    row_values: bool = False  # some field is read as an array/object value (UNNEST, or a projection)
     param_style: str | None = None  # "named", "positional" or None
     n_positional: int = 0
     duck_params: dict[str, P.Operand] = field(default_factory=dict)  # $name in duck_sql -> operand
@@ -171,11 +170,12 @@ class _Parser:
         if isinstance(node, exp.Paren):
             return self.predicate(node.this)
         if isinstance(node, (exp.And, exp.Or)):
+            cls = P.And if isinstance(node, exp.And) else P.Or
             items = []
             for side in (node.this, node.expression):
                 q = self.predicate(side)
-                items.extend(q.items if type(q) is type_of(node) else [q])
-            return P.And(tuple(items)) if isinstance(node, exp.And) else P.Or(tuple(items))
+                items.extend(q.items if type(q) is cls else [q])  # flatten a AND (b AND c)
+            return cls(tuple(items))
         if isinstance(node, exp.Not):
             return P.Not(self.predicate(node.this))
         if type(node) in COMPARISONS:
@@ -344,7 +344,6 @@ class _Parser:
         outputs: list[str] = []
         plain: list[tuple[str, Path]] | None = [] if not grouped and not tree.args.get("order") else None
         select_sql: list[str] = []
-        row_values = False
         for e in items:
             if e in stars:
                 select_sql.append('"__pos"')
@@ -354,20 +353,14 @@ class _Parser:
             name = _unique(e.alias if isinstance(e, exp.Alias) else
                            (".".join(path) if path is not None else inner.sql(DIALECT)), outputs)
             outputs.append(name)
-            if path is not None:
-                row_values = True
-            if inner.find(exp.Explode, exp.Unnest):
-                row_values = True
             if plain is not None:
                 if path is not None:
                     plain.append((name, path))
                 else:
                     plain = None
             select_sql.append(f"{self.rewrite(inner, set()).sql(DIALECT)} AS {_quote(name)}")
-        if stars and plain is not None and len(items) > 1:
-            plain = None  # * mixed with expressions: DuckDB computes the extras
         if stars and plain is not None:
-            plain = []
+            plain = [] if len(items) == 1 else None  # * with expressions: DuckDB computes the extras
         text = "SELECT " + ", ".join(select_sql) + ' FROM "frame"'
         group = tree.args.get("group")
         if group is not None:
@@ -380,11 +373,7 @@ class _Parser:
             text += " ORDER BY " + ", ".join(self.rewrite(o, aliases).sql(DIALECT) for o in order.expressions)
         return Query(sql=self.sql, collection=self.collection, where=pred, fields=dict(self.fields),
                      duck_sql=text, outputs=outputs, plain=plain, star=bool(stars), star_except=star_except,
-                     limit=limit, offset=offset, row_values=row_values, duck_params=dict(self.duck_params))
-
-
-def type_of(node: exp.Expression) -> type:
-    return P.And if isinstance(node, exp.And) else P.Or
+                     limit=limit, offset=offset, duck_params=dict(self.duck_params))
 
 
 def _number(text: str) -> int | float:
