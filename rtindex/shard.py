@@ -239,7 +239,7 @@ class Shard:
         rid_key = self.store.get("ids", id_key)
         if rid_key is None or from_u64(rid_key) >= state.next_row_id:
             return None
-        doc = self.fetch([from_u64(rid_key)])[0]
+        doc = self.fetch(np.array([from_u64(rid_key)], dtype=np.uint64))[0]
         return copy_json(doc) if doc is not None else None
 
     def _reading(self, view: View) -> ContextManager:
@@ -338,8 +338,9 @@ class Shard:
             bm -= view.deleted
         return bm
 
-    def fetch(self, row_ids: list[int]) -> list[dict | None]:
-        """Decoded rows through the database's RowStoreCache: shared objects, read-only."""
+    def fetch(self, row_ids: np.ndarray) -> list[dict | None]:
+        """Decoded rows (``row_ids`` a uint64 array) through the database's RowStoreCache:
+        shared objects, read-only."""
         return self._rows.rows(self._row_cache_id, row_ids, self._read_rows)
 
     def _read_rows(self, row_ids: list[int]) -> list[bytes | None]:

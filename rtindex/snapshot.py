@@ -70,11 +70,13 @@ class Postings:
             out.extend((shard, base + o) for o in self._parts[(shard, base)])
         return out
 
-    def by_shard(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
+    def by_shard(self) -> dict[int, np.ndarray]:
+        """Row ids per shard, increasing, as uint64 arrays."""
+        parts: dict[int, list[np.ndarray]] = {}
         for (shard, base) in sorted(self._parts):
-            out.setdefault(shard, []).extend(base + o for o in self._parts[(shard, base)])
-        return out
+            offs = np.frombuffer(self._parts[(shard, base)].to_array(), dtype=np.uint32)
+            parts.setdefault(shard, []).append(offs.astype(np.uint64) + np.uint64(base))
+        return {shard: (a[0] if len(a) == 1 else np.concatenate(a)) for shard, a in parts.items()}
 
 
 class Snapshot:

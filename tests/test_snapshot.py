@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import numpy as np
 import pytest
 
 DOCS = [
@@ -119,7 +120,7 @@ def test_scan_columns(coll):
     # the row ids point at the rows themselves
     for r in t.to_pylist():
         shard = coll._shards[r["_shard"]]
-        assert shard.fetch([r["_row_id"]])[0] is not None
+        assert shard.fetch(np.array([r["_row_id"]], dtype=np.uint64))[0] is not None
 
 
 def test_snapshot_is_isolated_from_later_writes(db):

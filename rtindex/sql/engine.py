@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from rtindex import keys
@@ -260,7 +261,7 @@ class _Execution:
         names = list(q.fields.values())
         cols = [frames.column(frames.values(docs, path), path) for path in q.fields]
         names.append("__pos")  # the row's position in docs (also: a frame needs one column)
-        cols.append(pa.array(range(len(docs)), type=pa.int64()))
+        cols.append(pa.array(np.arange(len(docs), dtype=np.int64)))
         frame = frames.table(names, cols)
         t1 = time.perf_counter()
         self.timings["fetch"] = t1 - t0

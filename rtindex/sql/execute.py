@@ -10,6 +10,7 @@ reach the network, load extensions, attach databases or change settings.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,8 @@ import duckdb
 import pyarrow as pa
 
 from rtindex.errors import ClosedError, SqlError
+
+CHECKED_STATEMENTS = 1024  # parsed-and-checked statements kept, by SQL text
 
 _CONFIG = {
     # No files, no network, no Python replacement scans of the caller's variables.
@@ -58,9 +61,12 @@ class DuckEngine:
         self._con: duckdb.DuckDBPyConnection | None = duckdb.connect(":memory:", config=config)
         for statement in _LOCKDOWN:
             self._con.execute(statement)
-        # Guards _con and _running; close() waits on it for in-flight runs to stop.
+        # Guards _con, _running and _checked; close() waits on it for in-flight runs to stop.
         self._cond = threading.Condition()
         self._running: set[duckdb.DuckDBPyConnection] = set()
+        # SQL text -> its one checked SELECT statement: the SQL layer runs the same few texts
+        # over and over, and parsing one again costs as much as a small query's execution
+        self._checked: OrderedDict[str, duckdb.Statement] = OrderedDict()
 
     def run(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None) -> pa.Table:
         """Run one SELECT over the given Arrow tables (registered under those names for this call only) with named parameters ($name in the text) and return the result as a pyarrow Table."""
@@ -73,7 +79,7 @@ class DuckEngine:
             cursor = self._con.cursor()
             self._running.add(cursor)
         try:
-            statement = _one_select(cursor, sql)
+            statement = self._statement(cursor, sql)
             for name, table in tables.items():
                 cursor.register(name, table)  # a view over memory: no external access needed
             # sql() on the checked statement runs exactly what was checked, and its
@@ -90,6 +96,19 @@ class DuckEngine:
                 cursor.close()  # drops the registered views with it
                 self._running.discard(cursor)
                 self._cond.notify_all()
+
+    def _statement(self, cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statement:
+        with self._cond:
+            statement = self._checked.get(sql)
+            if statement is not None:
+                self._checked.move_to_end(sql)
+                return statement
+        statement = _one_select(cursor, sql)
+        with self._cond:
+            self._checked[sql] = statement
+            while len(self._checked) > CHECKED_STATEMENTS:
+                self._checked.popitem(last=False)
+        return statement
 
     def close(self) -> None:
         """Interrupt running queries, wait for them to stop, then free the database; idempotent."""

@@ -10,6 +10,7 @@ other values as JSON. The column scan builds the same types in DuckDB (see
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta, timezone
 from typing import Any, Sequence
 
@@ -39,8 +40,7 @@ def get_path(doc: Any, path: Sequence[str]) -> Any:
 def values(docs: list[dict], path: Sequence[str]) -> list:
     """``get_path`` of every document (a top-level field takes the fast lane)."""
     if len(path) == 1:
-        name = path[0]
-        return [d.get(name) for d in docs]
+        return list(map(dict.get, docs, itertools.repeat(path[0])))
     return [get_path(d, path) for d in docs]
 
 
@@ -63,26 +63,18 @@ def _text(v: Any) -> str | None:
 
 
 def column(values: list, path: Sequence[str] = ()) -> pa.Array:
-    """One Arrow column of ``values`` (Python values of one field) by the rule above."""
-    kinds = {type(v) for v in values if v is not None}
-    if not kinds:
-        return pa.nulls(len(values), pa.null())
-    if tuple(path) == EVENT_TIME and kinds == {int}:
-        return pa.array(values, type=pa.int64()).cast(TIMESTAMP)
-    if kinds == {bool}:
-        return pa.array(values, type=pa.bool_())
-    if kinds == {int}:
-        return pa.array(values, type=pa.int64())
-    if kinds <= {int, float}:
-        return pa.array(values, type=pa.float64())
-    if kinds == {str}:
-        return pa.array(values, type=pa.large_string())
-    if kinds <= {list, dict}:
-        try:
-            return pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
-            pass
-    return pa.array([_text(v) for v in values], type=pa.large_string())
+    """One Arrow column of ``values`` (Python values of one field) by the rule above.
+
+    Arrow's own inference implements it (one type; ints with floats -> float64; lists and
+    structs) in C; only what it rejects (mixed types) is turned into text here.
+    """
+    try:
+        arr = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        return pa.array([_text(v) for v in values], type=pa.large_string())
+    if tuple(path) == EVENT_TIME and pa.types.is_int64(arr.type):
+        return arr.cast(TIMESTAMP)
+    return arr
 
 
 def table(names: list[str], columns: list[pa.Array]) -> pa.Table:
