@@ -10,14 +10,14 @@ import os
 
 if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
     from rtindex._py.blocks import block_get, block_range, merge_blocks
-    from rtindex._py.lru import RowCache, copy_json
+    from rtindex._py.lru import RowCache, copy_json, untrack_json
     from rtindex._py.segment import SegmentBuilder
 
     IMPLEMENTATION = "python"
 else:
     try:
         from rtindex._ext._blocks import block_get, block_range, merge_blocks
-        from rtindex._ext._lru import RowCache, copy_json
+        from rtindex._ext._lru import RowCache, copy_json, untrack_json
         from rtindex._ext._segment import SegmentBuilder
     except ImportError as e:  # pragma: no cover - depends on the build
         raise ImportError(
@@ -35,4 +35,5 @@ __all__ = [
     "block_range",
     "copy_json",
     "merge_blocks",
+    "untrack_json",
 ]

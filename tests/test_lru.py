@@ -825,3 +825,17 @@ def test_speed_report(capsys):
                      f"list {t_list / n * 1e9:.1f} ns/key")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+def test_untrack_json_hides_rows_from_the_gc(lru):
+    import gc
+
+    doc = {"a": [1, {"b": [2, 3]}], "c": {"d": "x"}, "e": []}
+    same = lru.untrack_json(doc)
+    assert same is doc and doc == {"a": [1, {"b": [2, 3]}], "c": {"d": "x"}, "e": []}
+    containers = [doc, doc["a"], doc["a"][1], doc["a"][1]["b"], doc["c"], doc["e"]]
+    if lru is ext_lru:
+        assert not any(gc.is_tracked(x) for x in containers)
+        copy = lru.copy_json(doc)
+        assert gc.is_tracked(copy) and gc.is_tracked(copy["a"])  # copies are ordinary objects
+    assert lru.untrack_json(5) == 5 and lru.untrack_json("s") == "s"

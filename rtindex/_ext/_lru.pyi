@@ -39,3 +39,8 @@ class RowCache:
 def copy_json(value: Any) -> Any:
     """A copy of a decoded JSON value that shares only immutable parts (str, int, float,
     bool, None) with it: what a caller may mutate without touching the cached original."""
+
+def untrack_json(value: Any) -> Any:
+    """Take a decoded JSON value's dicts and lists out of the cyclic GC's view (a JSON tree
+    has no cycles; cached rows would otherwise be traversed by every full collection);
+    returns ``value``. Only for values nobody modifies."""

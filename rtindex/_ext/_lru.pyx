@@ -729,3 +729,50 @@ def copy_json(value):
     """A copy of a decoded JSON value that shares only immutable parts (str, int, float,
     bool, None) with it: what a caller may mutate without touching the cached original."""
     return copy_any(value)
+
+
+cdef extern from "Python.h":
+    int PyObject_GC_IsTracked(object op)
+    void PyObject_GC_UnTrack(void* op)
+
+
+cdef void untrack_any(object v) except *:
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k
+    cdef PyObject* x
+    cdef Py_ssize_t i
+    if type(v) is dict:
+        rc_enter()
+        try:
+            while PyDict_Next(v, &pos, &k, &x):
+                if rc_is_container(x):
+                    untrack_any(<object>x)
+        finally:
+            Py_LeaveRecursiveCall()
+    elif type(v) is list:
+        rc_enter()
+        try:
+            for i in range(PyList_GET_SIZE(v)):
+                x = PyList_GET_ITEM(v, i)
+                if rc_is_container(x):
+                    untrack_any(<object>x)
+        finally:
+            Py_LeaveRecursiveCall()
+    else:
+        return
+    if PyObject_GC_IsTracked(v):
+        PyObject_GC_UnTrack(<void*>v)
+
+
+def untrack_json(value):
+    """Take a decoded JSON value's dicts and lists out of the cyclic garbage collector's
+    view; returns ``value``.
+
+    A JSON tree has no reference cycles, so the collector has nothing to find in it, but it
+    would still traverse every cached row on each full collection: with a few hundred
+    thousand cached rows that is a pause of 100+ ms (measured: 215 ms) at random queries.
+    Untracked containers are freed by reference counting as usual. Only for values nobody
+    modifies (cached rows are read-only; callers get ``copy_json`` copies, which are tracked).
+    """
+    untrack_any(value)
+    return value

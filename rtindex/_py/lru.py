@@ -143,3 +143,10 @@ def copy_json(value: Any) -> Any:
     if isinstance(value, list):
         return [copy_json(v) for v in value]
     return value
+
+
+def untrack_json(value: Any) -> Any:
+    """Returns ``value``. The compiled twin takes the value's dicts and lists out of the
+    cyclic garbage collector's view (JSON trees have no cycles, and a full collection would
+    otherwise traverse every cached row); pure Python cannot, so this does nothing."""
+    return value
