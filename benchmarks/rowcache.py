@@ -34,7 +34,7 @@ The same directory is then opened again and again, alternating the two phases
   parameter set (RocksDB block cache, DuckDB and plan cache warm), then measuring;
 * cache warm: ``rtindex.open(dir, row_cache_bytes=N)``; one unmeasured pass over each
   parameter set fills the cache (N is computed from the matched rows' JSON sizes: a cached
-  row is charged 8x its JSON size + 64 bytes; 25% headroom; ``--cache-mb`` overrides it; the
+  row is charged what rtindex/rowcache.py charges (5x its JSON size + 64 bytes); 25% headroom; ``--cache-mb`` overrides it; the
   cache's bytes and entries after filling are printed and a warning is printed if anything
   was evicted), then measuring.
 
@@ -102,13 +102,14 @@ from benchmarks.ingest import (  # noqa: E402
     peak_rss_mb,
 )
 from benchmarks.query import CTR_LIMIT, RT_CTR, _close  # noqa: E402
+from rtindex.rowcache import DECODED_BYTES_PER_JSON_BYTE, ENTRY_BYTES  # noqa: E402
 
 RT_EVENTS = "SELECT _id, generator_identifier, processBy FROM events WHERE processBy = :p"
 KINDS = ("ctr", "events")
 PHASES = ("off", "warm")
-# What rtindex/rowcache.py charges for a cached row: 8 bytes per JSON byte + a 64-byte entry.
-CACHED_BYTES_PER_JSON_BYTE = 8
-CACHE_ENTRY_BYTES = 64
+# What rtindex/rowcache.py charges for a cached row (bytes per JSON byte, plus an entry).
+CACHED_BYTES_PER_JSON_BYTE = DECODED_BYTES_PER_JSON_BYTE
+CACHE_ENTRY_BYTES = ENTRY_BYTES
 # ingest adds "_event_time" (microseconds) to a document without one: ',"_event_time":' + 16 digits
 EVENT_TIME_JSON_BYTES = 31
 MiB = 1 << 20
