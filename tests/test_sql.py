@@ -145,6 +145,9 @@ def test_parameters_are_values_not_sql(fruit):
     assert ids(fruit, "SELECT _id FROM fruit WHERE s = :s OR n = :n", {"s": "apple", "n": 7}) == [1, 7]
     assert ids(fruit, "SELECT _id FROM fruit WHERE s = ? OR _id BETWEEN ? AND ?", ["date", 1, 2]) == [1, 2, 6]
     assert ids(fruit, "SELECT _id FROM fruit WHERE s = :s", {"s": "x' OR '1'='1"}) == []
+    # a parameter first inside nested parentheses (sqlglot once read it as a prefix alias)
+    assert ids(fruit, "SELECT _id FROM fruit WHERE ((:v = n AND :v = n) OR s = 'date')", {"v": 7}) == [6, 7]
+    assert ids(fruit, "SELECT _id FROM fruit WHERE ((? = n) OR s = ?)", [7, "date"]) == [6, 7]
     rows = fruit.sql("SELECT _id, o.x * :k AS y FROM fruit WHERE _id = ? ".replace("?", ":i"), {"k": 2, "i": 1}).rows()
     assert rows == [{"_id": 1, "y": 20}]
     assert len(fruit.sql("SELECT _id FROM fruit WHERE _id > ? LIMIT ?", [0, 2])) == 2

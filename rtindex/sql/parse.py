@@ -65,25 +65,36 @@ class Query:
     duck_params: dict[str, P.Operand] = field(default_factory=dict)  # $name in duck_sql -> operand
 
 
-POSITIONAL = "__q"  # ? placeholders are renamed :__q0, :__q1, ... in order of appearance
+POSITIONAL = "__q"  # ? placeholders are renamed $__q0, $__q1, ... in order of appearance
 
 
-def _number_positional(sql: str) -> tuple[str, list[tuple[int, int]]]:
-    """The text with every ``?`` placeholder token renamed ``:__q<i>`` (so parameters are
-    numbered in order of appearance, whatever order the tree is walked in), and the
-    (position in the new text, characters added so far) pairs that map positions back."""
+def _normalize_params(sql: str) -> tuple[str, list[tuple[int, int]]]:
+    """The text with parameters spelled the one way sqlglot parses reliably, ``$name``, and
+    the (position in the new text, characters added so far) pairs that map positions back.
+
+    ``:name`` becomes ``$name`` (same length): sqlglot's DuckDB parser reads ``((:p = x``
+    as a DuckDB prefix alias. ``?`` becomes ``$__q<i>``, numbered in order of appearance,
+    whatever order the tree is walked in later. Only placeholder tokens change.
+    """
     try:
         tokens = Dialect.get_or_raise(DIALECT).tokenize(sql)
     except sqlglot.errors.SqlglotError:
         return sql, []  # the parser reports it
-    out, shifts, last, extra = [], [], 0, 0
-    for i, t in enumerate(tok for tok in tokens if tok.token_type == TokenType.PLACEHOLDER and tok.text == "?"):
-        name = f":{POSITIONAL}{i}"
-        out.append(sql[last:t.start])
-        out.append(name)
-        last = t.end + 1
-        extra += len(name) - 1
-        shifts.append((t.start + extra, extra))
+    out, shifts, last, extra, n = [], [], 0, 0, 0
+    for prev, t in zip([None, *tokens], tokens):
+        if t.token_type == TokenType.PLACEHOLDER and t.text == "?":
+            name = f"${POSITIONAL}{n}"
+            n += 1
+            out.append(sql[last:t.start])
+            out.append(name)
+            last = t.end + 1
+            extra += len(name) - 1
+            shifts.append((t.start + extra, extra))
+        elif (prev is not None and prev.token_type == TokenType.COLON and prev.end + 1 == t.start
+              and t.token_type == TokenType.VAR):
+            out.append(sql[last:prev.start])
+            out.append("$")
+            last = prev.end + 1
     out.append(sql[last:])
     return "".join(out), shifts
 
@@ -93,7 +104,7 @@ class _Parser:
 
     def __init__(self, sql: str):
         self.sql = sql
-        self.text, self._shifts = _number_positional(sql)
+        self.text, self._shifts = _normalize_params(sql)
         self.fields: dict[Path, str] = {}
         self.placeholders: list[exp.Placeholder] = []
         self.duck_params: dict[str, P.Operand] = {}
