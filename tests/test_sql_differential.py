@@ -1,16 +1,21 @@
 """Differential test of the SQL layer: rtindex against DuckDB on a native table.
 
 Hypothesis generates documents (every field has one JSON type, or is null, or is missing)
-and queries from rtindex's supported grammar. The documents are ingested into a fresh
-rtindex collection (in two or three batches with ``flush()`` between them, so rows live in
-sealed and in in-memory segments) and loaded into a typed DuckDB table where null and
-missing both become NULL. Every query runs on rtindex three times (default access path,
+and queries from rtindex's supported grammar (docs/sql.md). The documents are ingested into
+a fresh rtindex collection (one to three batches with ``flush()`` between them, so rows live
+in sealed and in in-memory segments; some replaced by a later version, some ingested and
+then deleted) and the final ones loaded into a typed DuckDB table where null and missing
+both become NULL. Every query runs on rtindex three times (default access path,
 ``access="index"``, ``access="scan"``) and once on DuckDB; the results must agree: in order
 when ORDER BY orders totally, as multisets otherwise, and for LIMIT without ORDER BY as a
-sub-multiset of the right size.
+sub-multiset of the right size. Values compare with their types (an int is not a float),
+floats with math.isclose.
 
-Replay a failure with the printed falsifying example; ``HYPOTHESIS_PROFILE=thorough`` runs
-more examples.
+Both sides convert results through Arrow, as rtindex does, so SUM of BIGINT (a HUGEINT) is
+a Decimal on both (documented in docs/sql.md); no other difference is allowed for.
+
+A failure prints the documents, the ingest/flush/delete steps, both SQL texts with their
+parameters and both results. ``HYPOTHESIS_PROFILE=thorough`` runs 500 examples.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ LIKE_PREFIXES = ["", "a", "b", "B", "é", "😀", "1", "ab", "a'", "x"]  # no % 
 SCALARS = {"_id": "int", "i": "int", "f": "float", "s": "str", "b": "bool", "o.x": "int", "o.s": "str"}
 NULLABLE = [f for f in SCALARS if f != "_id"] + ["tags"]
 
-# rtindex's default placement of NULLs in ORDER BY when the query names none; the DuckDB
-# text always says it explicitly
+# rtindex's placement of NULLs in ORDER BY when the query names none: DuckDB's default (NULLS
+# LAST in both directions), as DuckDB runs the ORDER BY; the DuckDB text always says it
 RT_DEFAULT_NULLS = {"": " NULLS LAST", " ASC": " NULLS LAST", " DESC": " NULLS LAST"}
 FLIPPED = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
@@ -132,8 +137,8 @@ def sql_literal(v) -> str:
 @dataclass
 class Query:
     kind: str  # star | proj | agg | unnest
-    rt: str  # rtindex text (collection name {T})
-    duck: str  # DuckDB text on table t
+    rt: str  # rtindex text (on the example's collection)
+    duck: str  # DuckDB text (on the native table t)
     rt_params: object = None  # dict (:name), list (?) or None
     duck_params: object = None
     ncols: int = 0  # output columns (0 for SELECT *)
@@ -159,8 +164,9 @@ class Gen:
         self.rt_params = {} if self.style == "named" else []
         self.duck_params = {} if self.style == "named" else []
 
-    def lit(self, v, param_ok=True) -> tuple[str, str]:
-        if self.style is not None and param_ok and self.draw(st.booleans()):
+    def lit(self, v) -> tuple[str, str]:
+        """A value as a literal or (sometimes, in a query with parameters) a parameter."""
+        if self.style is not None and self.draw(st.booleans()):
             if self.style == "named":
                 name = f"p{len(self.rt_params)}"
                 self.rt_params[name] = v
@@ -178,12 +184,12 @@ class Gen:
             return None
         return dict(self.duck_params) if self.style == "named" else list(self.duck_params)
 
-    def value(self, fld: str, null_ok: bool = True):
-        """A value to compare ``fld`` with: often one that occurs in the data; rarely NULL
+    def value(self, fld: str):
+        """A value to compare ``fld`` with: often one the documents can hold; rarely NULL
         (a comparison with NULL is UNKNOWN on both sides)."""
         kind = SCALARS[fld] if fld in SCALARS else "str"
         draw = self.draw
-        if null_ok and not draw(st.integers(0, 24)):
+        if not draw(st.integers(0, 24)):
             return None
         # the pools the documents' values come from, not the documents: so the shrinker can
         # drop documents without changing the queries
@@ -312,6 +318,7 @@ ORDER_FIELDS = ["i", "f", "s", "b", "o.x", "o.s"]  # nullable: with _id last, a 
 
 @st.composite
 def queries(draw, pools, table: str = "t"):
+    """One Query: SELECT *, a projection, aggregates (maybe grouped) or UNNEST."""
     g = Gen(draw, pools)
     kind = draw(st.sampled_from(["star", "proj", "proj", "agg", "agg", "unnest"]))
     wr, wd = g.where()
@@ -576,6 +583,8 @@ _counter = itertools.count()
 @SETTINGS
 @given(data=st.data())
 def test_sql_matches_duckdb(db, duck, data):
+    """Every generated query gives DuckDB's answer, on every access path. One database (the
+    ``db`` fixture) per test, a new collection per example, dropped after it."""
     name = f"t{next(_counter)}"
     scn = data.draw(scenarios(name), label="scenario")
     load_duckdb(duck, scn.docs)
