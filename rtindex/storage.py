@@ -96,6 +96,16 @@ class Store:
     def batch(self) -> "Batch":
         return Batch(self._h)
 
+    def compact(self, cf: str, lo: bytes, hi: bytes) -> None:
+        """Compact keys lo <= k < hi: SST files whose keys a range delete covers are dropped
+        (segments are ingested as their own bottom-level files, which no automatic compaction
+        would ever revisit: without this, files and disk space of merged-away segments pile up)."""
+        self._check()
+        try:
+            self._cf[cf].compact_range(lo, hi)
+        except Exception as e:
+            raise StorageError(f"compaction failed at {self.path}: {e}") from e
+
     def write(self, batch: "Batch") -> None:
         """Apply ``batch`` atomically through the WAL (all column families at once)."""
         self._check()

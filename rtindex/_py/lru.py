@@ -31,6 +31,17 @@ def _key(k: Any) -> int:
     return k
 
 
+def _key_list(keys: Any) -> list:
+    """A buffer of integers (what the SQL layer passes: numpy uint64) as a list of ints."""
+    try:
+        view = memoryview(keys)
+    except TypeError:
+        return list(keys)
+    if view.ndim != 1 or view.format.lstrip("@=<>!") not in ("Q", "q", "L", "l"):
+        return list(keys)
+    return view.tolist()
+
+
 class RowCache:
     """An LRU of objects under a byte budget (see the module docstring)."""
 
@@ -60,7 +71,9 @@ class RowCache:
             return hit[0]
 
     def get_many(self, keys: Iterable[int]) -> list:
-        """``[get(k) for k in keys]`` in one call."""
+        """``[get(k) for k in keys]`` in one call; ``keys`` may also be a buffer of 64-bit
+        integers (``array('Q')``, a numpy uint64 array), as the compiled twin takes."""
+        keys = _key_list(keys)
         with self._lock:
             return [self.get(k) for k in keys]
 
@@ -90,7 +103,7 @@ class RowCache:
 
     def put_many(self, keys: Iterable[int], values: Iterable[Any], sizes: Iterable[int]) -> None:
         """``put`` of each (key, value, nbytes), in order."""
-        keys, values, sizes = list(keys), list(values), list(sizes)
+        keys, values, sizes = _key_list(keys), list(values), list(sizes)
         if not len(keys) == len(values) == len(sizes):
             raise ValueError("keys, values and sizes must have the same length")
         with self._lock:
