@@ -742,8 +742,6 @@ class _Garbage:
             wb.delete("meta", META_DELETED + u64(rid))
         try:
             st.write(wb)
-            for cf in ("postings", "columns"):
-                st.compact(cf, u64(self.segid), u64(self.segid + 1))
         except Exception:
             if not shard._closed:
                 raise

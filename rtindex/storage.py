@@ -44,6 +44,9 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None) -> Optio
     if wbm is not None:
         o.set_write_buffer_manager(wbm)
     o.set_keep_log_file_num(2)
+    # bounded file handles per shard (RocksDB's default keeps every SST file open, and a
+    # database has many shards; index and filter blocks live in the block cache anyway)
+    o.set_max_open_files(MAX_OPEN_FILES)
     t = BlockBasedOptions()
     if block_cache is not None:
         t.set_block_cache(block_cache)
@@ -51,6 +54,9 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None) -> Optio
     t.set_cache_index_and_filter_blocks(True)
     o.set_block_based_table_factory(t)
     return o
+
+
+MAX_OPEN_FILES = 256
 
 
 def new_block_cache(nbytes: int) -> Cache:
@@ -95,16 +101,6 @@ class Store:
 
     def batch(self) -> "Batch":
         return Batch(self._h)
-
-    def compact(self, cf: str, lo: bytes, hi: bytes) -> None:
-        """Compact keys lo <= k < hi: SST files whose keys a range delete covers are dropped
-        (segments are ingested as their own bottom-level files, which no automatic compaction
-        would ever revisit: without this, files and disk space of merged-away segments pile up)."""
-        self._check()
-        try:
-            self._cf[cf].compact_range(lo, hi)
-        except Exception as e:
-            raise StorageError(f"compaction failed at {self.path}: {e}") from e
 
     def write(self, batch: "Batch") -> None:
         """Apply ``batch`` atomically through the WAL (all column families at once)."""
