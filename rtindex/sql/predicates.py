@@ -27,6 +27,7 @@ from typing import Any, Callable, Union
 from rtindex import keys
 from rtindex.documents import to_event_time
 from rtindex.errors import SqlError
+from rtindex.snapshot import Postings
 
 Path = tuple[str, ...]
 
@@ -43,10 +44,6 @@ class Param:
 
 
 Operand = Union[Const, Param]
-
-# Comparison operators and the DuckDB text of each.
-OPS = ("=", "<>", "<", "<=", ">", ">=")
-
 
 @dataclass(frozen=True)
 class Compare:
@@ -107,10 +104,6 @@ def leaves(p: Pred):
         yield p
 
 
-def paths(p: Pred) -> list[Path]:
-    return list(dict.fromkeys(leaf.path for leaf in leaves(p)))
-
-
 # -- parameter binding ------------------------------------------------------------
 Binder = Callable[[Operand], Any]
 
@@ -163,6 +156,10 @@ class IndexEvaluator:
         self._arrays: dict[tuple[Path, bool], Any] = {}
         self._all = None
 
+    def none(self):
+        """No rows (what a comparison with NULL is TRUE or FALSE for)."""
+        return Postings(self.snap, {})
+
     def all(self):
         if self._all is None:
             self._all = self.snap.all()
@@ -177,7 +174,7 @@ class IndexEvaluator:
     def scalar(self, path: Path, tags: tuple[int, ...]):
         """Rows where ``path`` holds a single value of one of ``tags``."""
         if not tags:
-            return self.snap.exists(path, [])
+            return self.none()
         return self.snap.exists(path, [keys.TAG_NAMES[t] for t in tags]) - self.arrays(path)
 
     def present(self, path: Path):
@@ -202,7 +199,7 @@ class IndexEvaluator:
         if isinstance(p, Compare):
             v = self.bind(p.value)
             if v is None:
-                return self.snap.exists(p.path, [])
+                return self.none()
             if p.op == "=":
                 hits = self.snap.term(p.path, v)
             elif p.op == "<>":
@@ -223,7 +220,7 @@ class IndexEvaluator:
         if isinstance(p, ArrayContains):
             v = self.bind(p.value)
             if v is None:
-                return self.snap.exists(p.path, [])
+                return self.none()
             hits = self.snap.elements(p.path, v)
             return hits - self.arrays(p.path, include_self=False) if hits else hits
         raise TypeError(f"not a predicate: {p!r}")
@@ -247,12 +244,12 @@ class IndexEvaluator:
             return self.all() - self.true(p)
         if isinstance(p, Compare):
             v = self.bind(p.value)
-            return self.scalar(p.path, domain_tags(v)) - self.true(p) if v is not None else self.snap.exists(p.path, [])
+            return self.scalar(p.path, domain_tags(v)) - self.true(p) if v is not None else self.none()
         if isinstance(p, Like):
             return self.scalar(p.path, (keys.STRING,)) - self.true(p)
         if isinstance(p, ArrayContains):
             if self.bind(p.value) is None:
-                return self.snap.exists(p.path, [])
+                return self.none()
             arrays = self.snap.exists(p.path, ["array"]) - self.arrays(p.path, include_self=False)
             return arrays - self.true(p)
         raise TypeError(f"not a predicate: {p!r}")
