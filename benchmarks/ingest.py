@@ -27,6 +27,7 @@ run (e.g. rtindex not importable -- the peers still run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -172,12 +173,26 @@ def run_guarded(name: str, fn: Callable[[], dict], results: dict) -> None:
 # ---------------------------------------------------------------------------
 
 
-def generate(n_events: int, n_tsbs: int, seed: int) -> tuple[list[dict], bytearray, int, list[dict], float]:
-    t0 = time.perf_counter()
-    # Millions of fresh containers: with the cyclic GC on, list-building is ~3x slower.
+@contextlib.contextmanager
+def generating_input() -> Iterator[None]:
+    """Around building a benchmark's input data: the cyclic GC off meanwhile (millions of
+    fresh containers make list-building ~3x slower with it on), then one collection and a
+    freeze, so the input, which lives for the whole run, stays out of every later GC pass
+    and does not tax whichever system is being measured."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+    gc.collect()
+    gc.freeze()
+
+
+def generate(n_events: int, n_tsbs: int, seed: int) -> tuple[list[dict], bytearray, int, list[dict], float]:
+    t0 = time.perf_counter()
+    with generating_input():
         p = Progress("gen events", n_events)
         events = list(p.wrap(datagen.rockbench_events(n_events, seed=seed, event_time_us=EVENT_TIME_BASE_US)))
         p.finish()
@@ -191,13 +206,6 @@ def generate(n_events: int, n_tsbs: int, seed: int) -> tuple[list[dict], bytearr
         p = Progress("gen tsbs", n_tsbs, unit="rows")
         tsbs = list(p.wrap(datagen.tsbs_cpu_rows(n_tsbs, seed=seed)))
         p.finish()
-    finally:
-        if was_enabled:
-            gc.enable()
-    gc.collect()
-    # The input data lives for the whole run: keep it out of every later GC pass so it does
-    # not tax whichever system is being measured.
-    gc.freeze()
     return events, ndjson, event_bytes, tsbs, time.perf_counter() - t0
 
 

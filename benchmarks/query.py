@@ -90,6 +90,7 @@ from benchmarks.ingest import (  # noqa: E402
     _fmt,
     batches,
     dir_size_mb,
+    generating_input,
     log,
     peak_rss_mb,
     rss_mb,
@@ -141,23 +142,13 @@ class Workload:
 
 def generate(n_events: int, n_clicks: int, seed: int) -> tuple[list[dict], list[dict], float]:
     t0 = time.perf_counter()
-    # Millions of fresh containers: with the cyclic GC on, list-building is ~3x slower.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with generating_input():
         p = Progress("gen events", n_events)
         events = list(p.wrap(datagen.rockbench_events(n_events, seed=seed, event_time_us=EVENT_TIME_BASE_US)))
         p.finish()
         p = Progress("gen clicks", n_clicks, unit="rows")
         clicks = list(p.wrap(datagen.product_clicks(n_clicks, seed=seed)))
         p.finish()
-    finally:
-        if was_enabled:
-            gc.enable()
-    gc.collect()
-    # The input data lives for the whole run: keep it out of every later GC pass so it does
-    # not tax whichever system is being measured.
-    gc.freeze()
     return events, clicks, time.perf_counter() - t0
 
 
