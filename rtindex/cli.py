@@ -10,6 +10,12 @@ import time
 import rtindex
 
 DEFAULT_DIR = "rtindex-data"
+DEMO_COLLECTION = "demo_events"  # never "events": that name is the user's
+DEMO_MARK = {"created_by": "rtindex demo"}  # in the manifest of the collection the demo made
+
+
+class DemoRefused(Exception):
+    """The demo would have to replace data it did not create: it stops instead."""
 
 
 def _timed(fn, repeat: int = 50) -> tuple[object, float]:
@@ -22,18 +28,38 @@ def _timed(fn, repeat: int = 50) -> tuple[object, float]:
     return out, statistics.median(times)
 
 
+def _demo_collection(db: rtindex.Database, shards: int) -> rtindex.Collection:
+    """A fresh collection for the demo, in a database that may hold the user's data.
+
+    The demo only ever replaces a collection it made itself (marked in its manifest): a
+    collection of that name that the user made is theirs, and the demo refuses to touch it.
+    """
+    name = DEMO_COLLECTION
+    if name in db:
+        mark = db._manifest(name).get("created_by")
+        if mark != DEMO_MARK["created_by"]:
+            raise DemoRefused(
+                f"database {db.path} already has a collection {name!r} that rtindex demo did not create; "
+                f"the demo leaves it alone. Run the demo with another --dir, or drop {name!r} yourself "
+                f"if you no longer need it")
+        db.drop_collection(name)  # the demo's own, from an earlier run
+    return db._create_collection(name, shards, extra=DEMO_MARK)
+
+
 def demo(path: str, n_events: int, shards: int, out=sys.stdout) -> dict:
-    """Load generated RockBench-style events into ``path`` and show lookups with timings."""
+    """Load generated RockBench-style events into ``path`` and show lookups with timings.
+
+    Writes only to its own collection ``demo_events`` (replaced on every run), so pointing
+    ``--dir`` at a database with other collections costs them nothing.
+    """
     from rtindex import datagen
 
     def say(*a):
         print(*a, file=out, flush=True)
 
     with rtindex.open(path) as db:
-        if "events" in db:
-            db.drop_collection("events")
-        events = db.create_collection("events", shards=shards)
-        say(f"rtindex demo: database at {db.path}, collection 'events' with {shards} shards")
+        events = _demo_collection(db, shards)
+        say(f"rtindex demo: database at {db.path}, collection {events.name!r} with {shards} shards")
         say(f"generating {n_events:,} events (~1.25 KB, 60 fields, nested objects and arrays) ...")
         docs = list(datagen.rockbench_events(n_events, seed=1))
         say("ingesting (every field indexed three ways) ...")
@@ -68,11 +94,11 @@ def demo(path: str, n_events: int, shards: int, out=sys.stdout) -> dict:
         say("")
         say("SQL (db.sql; the planner picks the index path or a column scan, see db.explain):")
         for text, params in (
-            ("SELECT * FROM events WHERE processBy = :p", {"p": pb}),
-            ("SELECT _id, device.os.name FROM events WHERE ARRAY_CONTAINS(emails, :e)", {"e": email}),
-            ("SELECT device.os.name AS os, COUNT(*) AS n, AVG(duration_ms) AS avg_ms FROM events "
+            (f"SELECT * FROM {DEMO_COLLECTION} WHERE processBy = :p", {"p": pb}),
+            (f"SELECT _id, device.os.name FROM {DEMO_COLLECTION} WHERE ARRAY_CONTAINS(emails, :e)", {"e": email}),
+            (f"SELECT device.os.name AS os, COUNT(*) AS n, AVG(duration_ms) AS avg_ms FROM {DEMO_COLLECTION} "
              "WHERE processBy = :p GROUP BY os ORDER BY n DESC", {"p": pb}),
-            ("SELECT event_type, COUNT(*) AS n FROM events GROUP BY event_type ORDER BY n DESC LIMIT 3", None),
+            (f"SELECT event_type, COUNT(*) AS n FROM {DEMO_COLLECTION} GROUP BY event_type ORDER BY n DESC LIMIT 3", None),
         ):
             db.sql(text, params)  # first run: plan cached, rows cached
             res, ms = _timed(lambda: db.sql(text, params), repeat=5)
@@ -103,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         if args.events < 1:
             parser.error("--events must be positive")
-        demo(args.dir, args.events, args.shards)
+        try:
+            demo(args.dir, args.events, args.shards)
+        except (DemoRefused, rtindex.NotADatabaseError, rtindex.StorageError) as e:
+            # a refusal to touch the user's data, not a crash: say why, without a traceback
+            print(f"rtindex demo: {e}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -11,7 +11,7 @@ import jsonpatch
 
 from rtindex import documents
 from rtindex.documents import ItemError, Limits
-from rtindex.errors import ClosedError, NotFoundError, SchemaError
+from rtindex.errors import ClosedError, CorruptionError, NotFoundError, SchemaError
 from rtindex.shard import Shard, ShardConfig
 from rtindex.snapshot import Snapshot
 
@@ -21,12 +21,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class IngestStats:
-    """What one ingest() call did."""
+    """What one ingest() call did.
 
-    n: int = 0  # documents stored
-    bytes: int = 0  # their size as stored JSON
+    ``n`` counts distinct documents: an ``_id`` given twice in one call is one document
+    (the later version replaced the earlier one within the call, so only one is stored),
+    and ``ids`` lists each stored ``_id`` once, in the order of its first appearance in the
+    input. ``bytes`` is the size of the version of each that is stored at the end. So
+    ``n == len(ids)``, and a caller that counts ``n`` counts what a read will find.
+    """
+
+    n: int = 0  # distinct documents stored (an _id given twice counts once)
+    bytes: int = 0  # their size as stored JSON (the last version of each)
     seconds: float = 0.0
-    ids: list = field(default_factory=list)  # _id of each stored document, in input order
+    ids: list = field(default_factory=list)  # _id of each stored document, once, in order of first appearance
     errors: list[ItemError] = field(default_factory=list)  # documents not stored, and why
 
     def __repr__(self) -> str:
@@ -34,11 +41,38 @@ class IngestStats:
                 f"errors={len(self.errors)})")
 
 
+def _shard_path(path: str, i: int) -> str:
+    return os.path.join(path, f"shard-{i:03d}")
+
+
+def _check_shard_exists(name: str, shard_path: str, n_shards: int) -> None:
+    """CorruptionError naming the shard unless it is a RocksDB directory we can read.
+
+    RocksDB writes ``CURRENT`` when it creates a database and never removes it, so a shard
+    directory without one was emptied or damaged after the collection was made.
+    """
+    where = f"collection {name!r} lists {n_shards} shards in its manifest, but shard {shard_path}"
+    restore = (f"restore {os.path.dirname(shard_path)} from a backup, or remove that directory "
+               f"to give up the collection")
+    if not os.path.isdir(shard_path):
+        raise CorruptionError(f"{where} is missing; {restore}")
+    current = os.path.join(shard_path, "CURRENT")
+    if not os.path.isfile(current):
+        raise CorruptionError(f"{where} has no RocksDB CURRENT file (it was emptied or damaged); {restore}")
+    if not os.access(shard_path, os.R_OK | os.W_OK | os.X_OK) or not os.access(current, os.R_OK):
+        raise CorruptionError(f"{where} is not readable and writable by this process "
+                              f"(check its owner and permissions, or {restore})")
+
+
 class Collection:
     """A handle on one collection; get it from ``db.create_collection()`` or ``db[name]``."""
 
     def __init__(self, db: "Database", name: str, path: str, n_shards: int, config: ShardConfig,
-                 limits: Limits):
+                 limits: Limits, *, create: bool = False):
+        """``create`` is True only from Database.create_collection: only then may shards be
+        made. Opening an existing collection first checks that every shard its manifest lists
+        is there, because opening a missing one would silently make a fresh, empty shard (and
+        its documents would be gone without a word)."""
         self._db = db
         self.name = name
         self.path = path
@@ -46,9 +80,12 @@ class Collection:
         self._limits = limits
         self._closed = False
         self._shards: list[Shard] = []
+        if not create:
+            for i in range(n_shards):
+                _check_shard_exists(name, _shard_path(path, i), n_shards)
         try:
             for i in range(n_shards):
-                self._shards.append(Shard(os.path.join(path, f"shard-{i:03d}"), i, config, db._sealer,
+                self._shards.append(Shard(_shard_path(path, i), i, config, db._sealer,
                                           db._merger, db._row_cache, sync=db.sync, block_cache=db._block_cache,
                                           write_buffers=db._write_buffers))
         except BaseException:
@@ -74,28 +111,38 @@ class Collection:
         ``docs`` is an iterable of dicts, or the bytes/str of a JSON array or of NDJSON.
         A document is visible to every read that starts after the call returns, and durable
         (its shard's WAL) once it is counted in the returned stats. A bad document is
-        reported in ``stats.errors`` (position, path, reason) and costs nothing else.
+        reported in ``stats.errors`` (position, path, reason) and costs nothing else. The
+        same ``_id`` twice in one call stores the later version and counts once (see
+        :class:`IngestStats`).
         """
         self._check()
         t0 = time.perf_counter()
         stats = IngestStats()
         limits = self._limits
         n_shards = self.n_shards
+        written: dict[bytes, tuple[Any, int]] = {}  # id key -> (_id, size of the last stored version)
         chunk: list = []
         for item in documents.iter_input(docs):
             chunk.append(item)
             if len(chunk) >= batch_size:
-                self._ingest_chunk(chunk, limits, n_shards, stats)
+                self._ingest_chunk(chunk, limits, n_shards, stats, written)
                 chunk = []
         if chunk:
-            self._ingest_chunk(chunk, limits, n_shards, stats)
+            self._ingest_chunk(chunk, limits, n_shards, stats, written)
+        # a dict keeps the first insertion's position when a key is assigned again
+        stats.ids = [doc_id for doc_id, _ in written.values()]
+        stats.n = len(written)
+        stats.bytes = sum(size for _, size in written.values())
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def _ingest_chunk(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats) -> None:
+    def _ingest_chunk(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats,
+                      written: dict[bytes, tuple[Any, int]]) -> None:
+        """Store one chunk; errors go to ``stats.errors``, and each stored document to
+        ``written`` (a later version of an ``_id`` replaces the size of the earlier one)."""
         now = documents.now_us()
         per_shard: list[list] = [[] for _ in range(n_shards)]
-        stored: dict[int, tuple[Any, int]] = {}  # input index -> (_id, size), while not failed
+        stored: dict[int, tuple[Any, bytes, int]] = {}  # input index -> (_id, id key, size), while not failed
         for idx, doc in chunk:
             if isinstance(doc, SchemaError):
                 stats.errors.append(ItemError(idx, None, doc.path, doc.message))
@@ -106,17 +153,15 @@ class Collection:
                 stats.errors.append(ItemError(idx, doc.get("_id") if isinstance(doc, dict) else None,
                                               e.path, e.message))
                 continue
-            stored[idx] = (doc_id, len(raw))
+            stored[idx] = (doc_id, id_key, len(raw))
             per_shard[documents.shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
         for shard, items in zip(self._shards, per_shard):
             if items:
                 for idx, e in shard.put_many(items):
                     stats.errors.append(ItemError(idx, stored.pop(idx)[0], e.path, e.message))
-        for idx in sorted(stored):
-            doc_id, size = stored[idx]
-            stats.ids.append(doc_id)
-            stats.bytes += size
-        stats.n += len(stored)
+        for idx in sorted(stored):  # input order: of two versions of an _id, the later one is stored
+            doc_id, id_key, size = stored[idx]
+            written[id_key] = (doc_id, size)
         if stats.errors:
             stats.errors.sort(key=lambda e: e.index)
 

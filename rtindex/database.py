@@ -1,8 +1,16 @@
-"""Database: a directory of collections, opened by one process at a time."""
+"""Database: a directory of collections, opened by one process at a time.
+
+On disk: ``rtindex.json`` (the marker: format version, written last at creation, so a
+directory without it is never mistaken for a database), ``writer.lock`` (flock'ed by the one
+writing process) and ``collections/<name>/`` (``collection.json`` plus one RocksDB directory
+per shard).
+"""
 
 from __future__ import annotations
 
 import builtins
+import errno
+import fcntl
 import os
 import re
 import shutil
@@ -17,13 +25,189 @@ from rtindex.documents import Limits
 from rtindex.result import Result
 from rtindex.rowcache import RowStoreCache
 from rtindex.sql.engine import Plan, SqlEngine
-from rtindex.errors import AlreadyExistsError, ClosedError, NotFoundError, StorageError
+from rtindex.errors import (
+    AlreadyExistsError,
+    ClosedError,
+    CorruptionError,
+    NotADatabaseError,
+    NotFoundError,
+    StorageError,
+)
 from rtindex.shard import ShardConfig
 from rtindex.storage import new_block_cache, new_write_buffer_manager
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,127}$")
 COLLECTIONS_DIR = "collections"
 MANIFEST = "collection.json"
+MARKER = "rtindex.json"  # {"format": FORMAT, "created_by": "rtindex <version>"}
+FORMAT = 1  # the on-disk format this version reads and writes
+LOCK_FILE = "writer.lock"
+MAX_SHARDS = 1024
+# what a crash in the middle of creating a database can leave in its directory: such a
+# directory counts as empty (creating again there destroys nothing of anyone's)
+_CREATION_LEFTOVERS = frozenset({LOCK_FILE, MARKER + ".tmp"})
+
+
+def _write_json_atomic(path: str, obj: dict) -> None:
+    """Write ``obj`` to ``path`` so that a crash leaves the old file or the new one, whole.
+
+    The data is fsync'ed before the rename, and the directory after it, so the name that
+    appears always points at complete contents.
+    """
+    tmp = path + ".tmp"
+    try:
+        with builtins.open(tmp, "wb") as f:
+            f.write(orjson.dumps(obj))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise StorageError(f"cannot write {path}: {e}") from e
+
+
+def _read_json(path: str, what: str) -> dict:
+    """A JSON object from ``path``; CorruptionError naming the file if it is not one."""
+    try:
+        with builtins.open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise StorageError(f"cannot read {what} {path}: {e}") from e
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise CorruptionError(f"{what} {path} is not valid JSON ({e}); restore it from a backup") from e
+    if not isinstance(obj, dict):
+        raise CorruptionError(f"{what} {path} holds {type(obj).__name__}, not a JSON object; "
+                              "restore it from a backup")
+    return obj
+
+
+def _read_manifest(path: str) -> dict:
+    """The manifest of the collection at ``path``, checked: a damaged one is a
+    CorruptionError naming the file, never a bare JSONDecodeError or KeyError."""
+    file = os.path.join(path, MANIFEST)
+    manifest = _read_json(file, "collection manifest")
+    shards = manifest.get("shards")
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise CorruptionError(f"collection manifest {file} has shards={shards!r}, not an integer from 1 to "
+                              f"{MAX_SHARDS}; restore it from a backup")
+    fmt = manifest.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise CorruptionError(f"collection manifest {file} has format {fmt!r}; this rtindex reads format "
+                              f"{FORMAT} (upgrade rtindex, or restore the file from a backup)")
+    return manifest
+
+
+def _version() -> str:
+    from rtindex import __version__  # at call time: rtindex/__init__.py imports this module
+
+    return __version__
+
+
+def _inspect_directory(path: str, create: bool) -> str:
+    """What is at ``path``: "new" (nothing, or an empty folder: create there), "database"
+    (has the marker, of a format this version reads) or "legacy" (made by an rtindex from
+    before the marker). Raises for anything else, before anything is written there.
+    """
+    hint = "pass create=True to make one" if not create else "choose a new or empty directory"
+    if not os.path.lexists(path):
+        if not create:
+            raise NotFoundError(f"no database at {path} ({hint})")
+        return "new"
+    if not os.path.isdir(path):
+        raise NotADatabaseError(f"{path} is a file, not an rtindex database directory ({hint})")
+    marker = os.path.join(path, MARKER)
+    if os.path.exists(marker):
+        info = _read_json(marker, "database marker")
+        fmt = info.get("format")
+        if isinstance(fmt, bool) or not isinstance(fmt, int):
+            raise CorruptionError(f"database marker {marker} has format {fmt!r}, not an integer; "
+                                  f"restore it from a backup")
+        if fmt != FORMAT:
+            raise NotADatabaseError(
+                f"database {path} has format {fmt} (made by {info.get('created_by', 'an unknown version')}); "
+                f"rtindex {_version()} reads format {FORMAT} only: open it with a matching rtindex version")
+        return "database"
+    try:
+        entries = set(os.listdir(path))
+    except OSError as e:
+        raise StorageError(f"cannot list {path}: {e}") from e
+    if entries <= _CREATION_LEFTOVERS:
+        if not create:
+            raise NotADatabaseError(f"{path} is an empty directory, not an rtindex database ({hint})")
+        return "new"
+    if _is_legacy_database(path, entries):
+        return "legacy"
+    if create:
+        raise NotADatabaseError(f"{path} is not an rtindex database (it has no {MARKER}) and is not empty: "
+                                f"refusing to create a database in it; choose a new or empty directory")
+    raise NotADatabaseError(f"{path} is not an rtindex database (it has no {MARKER}); check the path: "
+                            f"it must be the directory a database was created in")
+
+
+def _is_legacy_database(path: str, entries: set[str]) -> bool:
+    """A database made before the marker existed: only ``collections/`` (and our lock file)
+    at the top, and in ``collections/`` only directories with collection names. Anything
+    else in the folder means it is someone else's, and it is left alone.
+    """
+    if COLLECTIONS_DIR not in entries or not entries <= _CREATION_LEFTOVERS | {COLLECTIONS_DIR}:
+        return False
+    colls = os.path.join(path, COLLECTIONS_DIR)
+    if not os.path.isdir(colls):
+        return False
+    try:
+        names = os.listdir(colls)
+    except OSError as e:
+        raise StorageError(f"cannot list {colls}: {e}") from e
+    return all(_NAME.match(n) and os.path.isdir(os.path.join(colls, n)) for n in names)
+
+
+class _WriterLock:
+    """An exclusive ``flock`` on ``<db>/writer.lock``, held while a Database writes.
+
+    RocksDB locks each shard, but a database without collections has no shard to lock, and
+    two writers of one database must never both proceed: this lock is the database's own.
+    The holder's pid is written into the file for the message the next writer gets. The
+    kernel drops the lock when the process dies (kill -9 included), so no stale lock is
+    ever left behind. A process that only reads does not construct one.
+    """
+
+    def __init__(self, db_path: str):
+        self.path = os.path.join(db_path, LOCK_FILE)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise StorageError(f"cannot open the lock file {self.path}: {e}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StorageError(f"cannot lock {self.path}: {e}") from e
+            here = "; that is this process: close the other Database first" if holder == str(os.getpid()) else ""
+            raise StorageError(f"database {db_path} is open for writing in another process or handle "
+                               f"(pid {holder}{here}); one writer at a time") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:  # the pid is only for messages; the lock is what counts
+            pass
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Unlock (idempotent). The file stays: unlinking it would let two writers lock two
+        different files of the same name."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor releases the flock
 
 
 class Database:
@@ -34,22 +218,20 @@ class Database:
                  max_depth: int = 64, seal_rows: int = 25_000, seal_bytes: int = 96 << 20,
                  merge_factor: int = 4, row_cache_bytes: int = 256 << 20):
         self.path = os.path.abspath(path)
-        if not os.path.isdir(self.path):
-            if not create:
-                raise NotFoundError(f"no database at {self.path} (pass create=True to make one)")
-            os.makedirs(self.path, exist_ok=True)
-        os.makedirs(os.path.join(self.path, COLLECTIONS_DIR), exist_ok=True)
+        # everything is checked before anything is written: a wrong path or a bad option
+        # must leave the directory exactly as it was
         if max_depth < 1 or max_document_bytes < 16 or seal_rows < 1 or merge_factor < 2:
             raise ValueError("max_depth, max_document_bytes, seal_rows and merge_factor must be positive "
                              "(merge_factor at least 2)")
+        if isinstance(row_cache_bytes, bool) or not isinstance(row_cache_bytes, int) or row_cache_bytes < 0:
+            raise ValueError(f"row_cache_bytes must be a non-negative int (0 turns the cache off), not {row_cache_bytes!r}")
+        kind = _inspect_directory(self.path, create)
         self.sync = sync
         self._limits = Limits(max_document_bytes=max_document_bytes, max_depth=max_depth)
         self._config = ShardConfig(seal_rows=seal_rows, seal_bytes=seal_bytes, merge_factor=merge_factor,
                                    max_depth=max_depth)
         self._block_cache = new_block_cache(block_cache_bytes)
         self._write_buffers = new_write_buffer_manager(write_buffer_bytes)
-        if isinstance(row_cache_bytes, bool) or not isinstance(row_cache_bytes, int) or row_cache_bytes < 0:
-            raise ValueError(f"row_cache_bytes must be a non-negative int (0 turns the cache off), not {row_cache_bytes!r}")
         self._row_cache = RowStoreCache(row_cache_bytes)
         self._sealer = Worker("sealer")
         self._merger = Worker("merger")
@@ -57,8 +239,33 @@ class Database:
         self._lock = threading.RLock()
         self._closed = False
         self._sql = SqlEngine(self)
+        self._writer_lock: _WriterLock | None = None
         try:
-            for name in sorted(os.listdir(os.path.join(self.path, COLLECTIONS_DIR))):
+            if kind == "new":
+                try:
+                    os.makedirs(self.path, exist_ok=True)
+                except OSError as e:
+                    raise StorageError(f"cannot create the database directory {self.path}: {e}") from e
+            self._writer_lock = _WriterLock(self.path)
+            # again, now that no other writer can change it: what was empty a moment ago
+            # may be a database another process just made
+            kind = _inspect_directory(self.path, create)
+            if kind != "database":  # new, or made before the marker: mark it (last, once it is whole)
+                try:
+                    os.makedirs(os.path.join(self.path, COLLECTIONS_DIR), exist_ok=True)
+                except OSError as e:
+                    raise StorageError(f"cannot create {self._coll_path('')}: {e}") from e
+                _write_json_atomic(os.path.join(self.path, MARKER),
+                                   {"format": FORMAT, "created_by": f"rtindex {_version()}"})
+            try:
+                names = sorted(os.listdir(os.path.join(self.path, COLLECTIONS_DIR)))
+            except FileNotFoundError:
+                raise CorruptionError(f"database {self.path} has {MARKER} but no {COLLECTIONS_DIR}/ directory; "
+                                      f"restore it from a backup") from None
+            except OSError as e:
+                raise StorageError(f"cannot list {self._coll_path('')}: {e}") from e
+            for name in names:
+                # a directory without a manifest is what a crashed create or drop leaves: no collection
                 if os.path.exists(os.path.join(self._coll_path(name), MANIFEST)):
                     self._open_collection(name)
         except BaseException:
@@ -82,34 +289,54 @@ class Database:
         return os.path.join(self.path, COLLECTIONS_DIR, name)
 
     def _open_collection(self, name: str) -> Collection:
-        with builtins.open(os.path.join(self._coll_path(name), MANIFEST), "rb") as f:
-            manifest = orjson.loads(f.read())
-        coll = Collection(self, name, self._coll_path(name), manifest["shards"], self._config, self._limits)
+        path = self._coll_path(name)
+        manifest = _read_manifest(path)
+        coll = Collection(self, name, path, manifest["shards"], self._config, self._limits, create=False)
         self._collections[name] = coll
         return coll
 
+    def _manifest(self, name: str) -> dict:
+        """The manifest of an open collection, as on disk (the demo reads its mark here)."""
+        self.collection(name)
+        return _read_manifest(self._coll_path(name))
+
     def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False) -> Collection:
         """Create a collection of ``shards`` shards (fixed for its lifetime)."""
+        return self._create_collection(name, shards, exist_ok)
+
+    def _create_collection(self, name: str, shards: int = 4, exist_ok: bool = False,
+                           extra: dict | None = None) -> Collection:
+        """create_collection, with ``extra`` keys stored in the manifest (the demo marks the
+        collections it made with ``{"created_by": "rtindex demo"}``)."""
         self._check()
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"invalid collection name {name!r}: use letters, digits, _ and -, "
                              "starting with a letter or _ (at most 128 characters)")
-        if not isinstance(shards, int) or not 1 <= shards <= 1024:
-            raise ValueError(f"shards must be an integer from 1 to 1024, not {shards!r}")
+        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+            raise ValueError(f"shards must be an integer from 1 to {MAX_SHARDS}, not {shards!r}")
         with self._lock:
             if name in self._collections:
                 if exist_ok:
                     return self._collections[name]
                 raise AlreadyExistsError(f"collection {name!r} already exists")
             path = self._coll_path(name)
-            os.makedirs(path, exist_ok=True)
-            tmp = os.path.join(path, MANIFEST + ".tmp")
-            with builtins.open(tmp, "wb") as f:
-                f.write(orjson.dumps({"shards": shards, "format": 1}))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(path, MANIFEST))
-            return self._open_collection(name)
+            try:
+                if os.path.lexists(path):  # no manifest: the remains of a crashed create or drop
+                    shutil.rmtree(path)
+                os.makedirs(path)
+            except OSError as e:
+                raise StorageError(f"cannot create the collection directory {path}: {e}") from e
+            # shards first, manifest last: the manifest says "these shards exist", so once it
+            # is there a missing shard is corruption (see Collection), never a crash in here
+            coll = Collection(self, name, path, shards, self._config, self._limits, create=True)
+            try:
+                _write_json_atomic(os.path.join(path, MANIFEST), {**(extra or {}), "shards": shards, "format": FORMAT})
+            except BaseException:
+                coll._close()
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            self._collections[name] = coll
+            return coll
 
     def collection(self, name: str) -> Collection:
         """An existing collection (NotFoundError if there is none)."""
@@ -178,9 +405,15 @@ class Database:
                     coll._close()
                 except Exception as e:  # close the others anyway
                     errors.append(e)
-            self._sql.close()
-            self._sealer.stop()
-            self._merger.stop()
+            try:
+                self._sql.close()
+                self._sealer.stop()
+                self._merger.stop()
+            finally:
+                # last, once every shard is closed; and always, even when closing failed, so
+                # that this process can open the database again
+                if self._writer_lock is not None:
+                    self._writer_lock.release()
             if errors:
                 raise errors[0]
 
@@ -191,6 +424,11 @@ class Database:
 
 def open(path: str, **options: Any) -> Database:  # noqa: A001 - the natural name, like lmdb.open
     """Open (by default creating) the database in directory ``path``.
+
+    ``create=True`` makes the directory when it is missing or empty; any other folder that is
+    not an rtindex database (no ``rtindex.json`` marker) is refused with NotADatabaseError,
+    so a wrong path is never written to. One writer at a time: the directory is locked
+    (``writer.lock``) until close(), and a second writer gets StorageError naming the pid.
 
     Options: ``create`` (True), ``sync`` (False: an acknowledged write survives a process
     crash; True: also a power loss, at the cost of an fsync per batch), ``block_cache_bytes``,

@@ -19,6 +19,14 @@ class CorruptionError(StorageError):
     """On-disk data does not decode: a bug or a damaged disk; restore from a backup."""
 
 
+class NotADatabaseError(RtindexError, ValueError):
+    """A path that is not an rtindex database this version can open.
+
+    Raised instead of writing into a folder that holds something else (a file, a project,
+    a database of a newer format), so that opening the wrong path never changes it.
+    """
+
+
 class ClosedError(RtindexError):
     """A database, collection or snapshot was used after close()."""
 

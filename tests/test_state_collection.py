@@ -443,8 +443,9 @@ class CollectionMachine(RuleBasedStateMachine):
         stats = self.coll.ingest(self._feed([d for d, _ in batch], fmt), batch_size=batch_size)
         assert [canon(d) for d, _ in batch] == before, "ingest changed the caller's documents"
         assert stats.errors == [], stats.errors
-        assert stats.n == len(batch)
-        assert [idkey(i) for i in stats.ids] == [idkey(d["_id"]) for d, _ in batch]
+        first_seen = list(dict.fromkeys(idkey(d["_id"]) for d, _ in batch))  # an _id twice counts once
+        assert stats.n == len(first_seen)
+        assert [idkey(i) for i in stats.ids] == first_seen
         for _, stored in batch:
             self.model[stored["_id"]] = stored
         self.writes += 1
@@ -534,8 +535,9 @@ class CollectionMachine(RuleBasedStateMachine):
             assert gpath == wpath, e
             assert e.message, e
         good = [(d, stored) for d, exp, stored in items if exp is None]
-        assert stats.n == len(good)
-        assert [idkey(i) for i in stats.ids] == [idkey(d["_id"]) for d, _ in good]
+        first_seen = list(dict.fromkeys(idkey(d["_id"]) for d, _ in good))  # an _id twice counts once
+        assert stats.n == len(first_seen)
+        assert [idkey(i) for i in stats.ids] == first_seen
         for _, stored in good:
             self.model[stored["_id"]] = stored
         self.writes += 1
