@@ -12,7 +12,8 @@ import jsonpatch
 from rtindex import documents
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import ClosedError, CorruptionError, NotFoundError, SchemaError
-from rtindex.shard import Shard, ShardConfig
+from rtindex.segments import ShardConfig
+from rtindex.writer import ShardWriter
 from rtindex.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -79,15 +80,15 @@ class Collection:
         self.n_shards = n_shards
         self._limits = limits
         self._closed = False
-        self._shards: list[Shard] = []
+        self._shards: list[ShardWriter] = []
         if not create:
             for i in range(n_shards):
                 _check_shard_exists(name, _shard_path(path, i), n_shards)
         try:
             for i in range(n_shards):
-                self._shards.append(Shard(_shard_path(path, i), i, config, db._sealer,
-                                          db._merger, db._row_cache, sync=db.sync, block_cache=db._block_cache,
-                                          write_buffers=db._write_buffers))
+                self._shards.append(ShardWriter(_shard_path(path, i), i, config, db._sealer, db._merger,
+                                                db._row_cache, create=create, sync=db.sync,
+                                                block_cache=db._block_cache, write_buffers=db._write_buffers))
         except BaseException:
             for s in self._shards:
                 s.close()

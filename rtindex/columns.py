@@ -54,9 +54,10 @@ def encode(arr: pa.Array) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def decode(data: bytes) -> pa.Array:
+def decode(data: bytes | pa.Buffer) -> pa.Array:
+    """The array of a chunk; zero-copy when ``data`` is a (mapped) Arrow buffer."""
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        table = pa.ipc.open_stream(data if isinstance(data, pa.Buffer) else pa.py_buffer(data)).read_all()
     except pa.ArrowInvalid as e:
         raise CorruptionError(f"column chunk does not decode: {e}") from e
     col = table.column(0)

@@ -33,14 +33,16 @@ from rtindex.errors import (
     NotFoundError,
     StorageError,
 )
-from rtindex.shard import ShardConfig
+from rtindex.segments import ShardConfig
 from rtindex.storage import new_block_cache, new_write_buffer_manager
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,127}$")
 COLLECTIONS_DIR = "collections"
 MANIFEST = "collection.json"
 MARKER = "rtindex.json"  # {"format": FORMAT, "created_by": "rtindex <version>"}
-FORMAT = 1  # the on-disk format this version reads and writes
+# the on-disk format this version reads and writes: 2 keeps sealed segments in files of their
+# own (rtindex/segfile.py); format 1 (rtindex 0.1, no marker) kept them inside RocksDB
+FORMAT = 2
 LOCK_FILE = "writer.lock"
 MAX_SHARDS = 1024
 # what a crash in the middle of creating a database can leave in its directory: such a
@@ -110,9 +112,9 @@ def _version() -> str:
 
 
 def _inspect_directory(path: str, create: bool) -> str:
-    """What is at ``path``: "new" (nothing, or an empty folder: create there), "database"
-    (has the marker, of a format this version reads) or "legacy" (made by an rtindex from
-    before the marker). Raises for anything else, before anything is written there.
+    """What is at ``path``: "new" (nothing, or an empty folder: create there) or "database"
+    (has the marker, of a format this version reads). Raises for anything else (a database
+    of another format included), before anything is written there.
     """
     hint = "pass create=True to make one" if not create else "choose a new or empty directory"
     if not os.path.lexists(path):
@@ -142,7 +144,9 @@ def _inspect_directory(path: str, create: bool) -> str:
             raise NotADatabaseError(f"{path} is an empty directory, not an rtindex database ({hint})")
         return "new"
     if _is_legacy_database(path, entries):
-        return "legacy"
+        raise NotADatabaseError(f"{path} is an rtindex database of format 1 (made by rtindex 0.1, which kept "
+                                f"segments inside RocksDB); rtindex {_version()} reads format {FORMAT} only: "
+                                f"open it with rtindex 0.1, or ingest its data into a new database")
     if create:
         raise NotADatabaseError(f"{path} is not an rtindex database (it has no {MARKER}) and is not empty: "
                                 f"refusing to create a database in it; choose a new or empty directory")
@@ -250,7 +254,7 @@ class Database:
             # again, now that no other writer can change it: what was empty a moment ago
             # may be a database another process just made
             kind = _inspect_directory(self.path, create)
-            if kind != "database":  # new, or made before the marker: mark it (last, once it is whole)
+            if kind != "database":  # new: mark it (last, once it is whole)
                 try:
                     os.makedirs(os.path.join(self.path, COLLECTIONS_DIR), exist_ok=True)
                 except OSError as e:

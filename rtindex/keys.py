@@ -197,3 +197,33 @@ def u64(v: int) -> bytes:
 
 def from_u64(b: bytes) -> int:
     return _PACK_Q.unpack(b)[0]
+
+
+# -- a shard's meta records (column family "meta"); docs/architecture.md explains each -----
+META_NEXT_ROW = b"N"  # -> u64: the next row id
+META_SEGMENT = b"S"  # + u64 segment id -> orjson {"base", "n"}: the segment exists (its file holds the rest)
+META_DELETED = b"D"  # + u64 row id -> b"": that row was replaced or deleted
+META_LOG = b"C"  # + u64 sequence -> the row ids one write deleted (u64 BE each): the change log readers follow
+META_LOG_SEQ = b"Q"  # -> u64: sequence of the newest change log record
+META_GENERATION = b"G"  # -> u64: bumped by every write that changes the set of segments
+
+
+def meta_segment(segid: int) -> bytes:
+    return META_SEGMENT + u64(segid)
+
+
+def meta_deleted(row_id: int) -> bytes:
+    return META_DELETED + u64(row_id)
+
+
+def meta_log(seq: int) -> bytes:
+    return META_LOG + u64(seq)
+
+
+def pack_u64s(values) -> bytes:
+    """Row ids as concatenated big-endian u64s (a change log record)."""
+    return b"".join(_PACK_Q.pack(v) for v in values)
+
+
+def unpack_u64s(raw: bytes) -> list[int]:
+    return [v for (v,) in _PACK_Q.iter_unpack(raw)]

@@ -23,7 +23,7 @@ from rtindex.rowcache import copy_json
 
 if TYPE_CHECKING:
     from rtindex.collection import Collection
-    from rtindex.shard import ShardState, View
+    from rtindex.segments import ShardState, View
 
 Path = str | Sequence[str]
 _NUMERIC_INT_TAGS = (keys.INT, keys.TIMESTAMP)
@@ -153,7 +153,7 @@ class Snapshot:
         """Rows where the string at ``path`` starts with ``prefix`` (LIKE 'prefix%').
 
         ``budget``, for query planners: a one-item list holding how many distinct terms the
-        lookup may read; it is decremented, and ``rtindex.shard.OverBudget`` is raised when
+        lookup may read; it is decremented, and ``rtindex.segments.OverBudget`` is raised when
         the range holds more (a sign that a column scan is cheaper).
         """
         lo = keys.column_key(keys.split_path(path), keys.STRING) + keys.escape(prefix.encode("utf-8"))

@@ -1,29 +1,33 @@
 """The only importer of rocksdict: one RocksDB instance per shard, with column families.
 
-Column families (the key layout is in docs/architecture.md):
+Column families (the key layout is in rtindex/keys.py and docs/architecture.md):
   rows      row id (u64 BE)            -> document (orjson bytes)
   ids       encoded _id                -> current row id (u64 BE)
-  postings  segment id + first term    -> a block of (term, posting list) entries
-  columns   segment id + column key    -> Arrow IPC stream of one column
-  meta      small records: next row id, segment descriptors, delete records
+  meta      small records: next row id, segment descriptors, delete records, change log
+
+Sealed segments' postings and columns are not here: they are immutable files of their own
+(rtindex/segfile.py), so dropping a segment frees its disk space at once.
+
+A shard is opened by one writer (``role="writer"``) and any number of followers in other
+processes (``role="secondary"``: a RocksDB secondary instance that sees the writer's data
+as of its last :meth:`Store.catch_up`).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
-from typing import Iterable, Iterator
+import time
+from typing import Iterator
 
 from rocksdict import (
+    AccessType,
     BlockBasedOptions,
     Cache,
     DBCompressionType,
-    IngestExternalFileOptions,
     Options,
     Rdict,
     ReadOptions,
-    SstFileWriter,
     WriteBatch,
     WriteBufferManager,
     WriteOptions,
@@ -31,22 +35,37 @@ from rocksdict import (
 
 from rtindex.errors import ClosedError, StorageError
 
-CFS = ("rows", "ids", "postings", "columns", "meta")
+CFS = ("rows", "ids", "meta")
+MAX_OPEN_FILES = 256
+MAX_WAL_BYTES = 64 << 20
+# A write that RocksDB would stall (memtables full while a flush runs, or a flush that
+# failed on a full disk) is retried for this long, then reported: a writer never hangs.
+STALL_SECONDS = 10.0
 
 
-def _options(block_cache: Cache | None, wbm: WriteBufferManager | None) -> Options:
+def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, create: bool,
+             secondary: bool) -> Options:
     o = Options(raw_mode=True)
-    o.create_if_missing(True)
-    o.create_missing_column_families(True)
+    o.create_if_missing(create)
+    o.create_missing_column_families(create)
     o.set_compression_type(DBCompressionType.lz4())
     o.set_max_background_jobs(2)
     o.set_write_buffer_size(16 << 20)
     if wbm is not None:
         o.set_write_buffer_manager(wbm)
     o.set_keep_log_file_num(2)
-    # bounded file handles per shard (RocksDB's default keeps every SST file open, and a
-    # database has many shards; index and filter blocks live in the block cache anyway)
-    o.set_max_open_files(MAX_OPEN_FILES)
+    # the ids and meta column families take small writes and rarely fill a memtable, and an
+    # unflushed one keeps every WAL file since its oldest entry: cap the WAL, which makes
+    # RocksDB flush them (measured: WALs grew to ~630 MB per shard under sustained upserts)
+    o.set_max_total_wal_size(MAX_WAL_BYTES)
+    if secondary:
+        # a secondary must keep every file it reads open (the writer deletes files that
+        # compactions replaced), and by default each catch-up starts 15 file-opening
+        # threads: 485 us idle instead of 21 us (measured; shared/DESIGN.md)
+        o.set_max_open_files(-1)
+        o.set_max_file_opening_threads(1)
+    else:
+        o.set_max_open_files(MAX_OPEN_FILES)
     t = BlockBasedOptions()
     if block_cache is not None:
         t.set_block_cache(block_cache)
@@ -56,9 +75,6 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None) -> Optio
     return o
 
 
-MAX_OPEN_FILES = 256
-
-
 def new_block_cache(nbytes: int) -> Cache:
     """One LRU block cache shared by every shard of a database."""
     return Cache(nbytes)
@@ -66,32 +82,33 @@ def new_block_cache(nbytes: int) -> Cache:
 
 def new_write_buffer_manager(nbytes: int) -> WriteBufferManager:
     """One memtable budget shared by every shard (and column family) of a database: without
-    it, memtables alone could take shards x 5 column families x 2 x 16 MB."""
+    it, memtables alone could take shards x 3 column families x 2 x 16 MB."""
     return WriteBufferManager(nbytes, False)
 
 
 class Store:
     """A RocksDB instance with rtindex's column families; thin, thread-safe, typed errors."""
 
-    def __init__(self, path: str, *, sync: bool = False, block_cache: Cache | None = None,
-                 write_buffers: WriteBufferManager | None = None):
+    def __init__(self, path: str, *, create: bool = False, sync: bool = False, block_cache: Cache | None = None,
+                 write_buffers: WriteBufferManager | None = None, secondary_path: str | None = None):
         self.path = path
-        if os.path.isdir(path):  # SST files a crash left before they were ingested
-            for name in os.listdir(path):
-                if name.startswith("ingest-") and name.endswith(".sst"):
-                    os.remove(os.path.join(path, name))
-        opts = _options(block_cache, write_buffers)
+        self.secondary = secondary_path is not None
+        opts = _options(block_cache, write_buffers, create=create, secondary=self.secondary)
+        cf_opts = {cf: _options(block_cache, write_buffers, create=create, secondary=self.secondary) for cf in CFS}
         try:
-            self._db = Rdict(path, options=opts,
-                             column_families={cf: _options(block_cache, write_buffers) for cf in CFS})
+            if self.secondary:
+                self._db = Rdict(path, options=opts, column_families=cf_opts,
+                                 access_type=AccessType.secondary(secondary_path))
+            else:
+                self._db = Rdict(path, options=opts, column_families=cf_opts)
             self._cf = {cf: self._db.get_column_family(cf) for cf in CFS}
             self._h = {cf: self._db.get_column_family_handle(cf) for cf in CFS}
         except Exception as e:
-            raise StorageError(f"cannot open RocksDB at {path}: {e} (is another process using it?)") from e
-        self._opts = opts
-        self._sst_seq = itertools.count()
+            hint = "is another process writing it?" if not self.secondary else "is it an rtindex shard?"
+            raise StorageError(f"cannot open RocksDB at {path}: {e} ({hint})") from e
         self._wo = WriteOptions()
         self._wo.sync = sync
+        self._wo.no_slowdown = True  # stalls come back as errors: we retry them with a deadline
         self._closed = False
         self._lock = threading.Lock()
 
@@ -100,44 +117,36 @@ class Store:
             raise ClosedError(f"storage at {self.path} is closed")
 
     def batch(self) -> "Batch":
-        return Batch(self._h)
+        return Batch()
 
     def write(self, batch: "Batch") -> None:
-        """Apply ``batch`` atomically through the WAL (all column families at once)."""
-        self._check()
-        try:
-            self._db.write(batch.wb, self._wo)
-        except Exception as e:
-            raise StorageError(f"write failed at {self.path}: {e}") from e
+        """Apply ``batch`` atomically through the WAL (all column families at once).
 
-    def ingest_sorted(self, cf: str, items: Iterable[tuple[bytes, bytes]]) -> int:
-        """Write (key, value) pairs given in increasing key order straight into an SST file and
-        add it to column family ``cf`` atomically; returns how many were written.
-
-        For bulk data (a sealed or merged segment): no WAL, no memtable, no later flush, so it
-        costs a fraction of a WriteBatch, and rocksdict holds the GIL through either. The file
-        is durable once ingested; what points at it is written afterwards by the caller.
+        A stall is retried with backoff for up to STALL_SECONDS; any other failure (a full
+        disk, an I/O error) raises StorageError at once, and nothing of the batch is applied.
+        RocksDB recovers from a full disk by itself once space is free, so a later write
+        succeeds without a reopen.
         """
         self._check()
-        path = os.path.join(self.path, f"ingest-{os.getpid()}-{next(self._sst_seq)}.sst")
-        n = 0
-        try:
-            w = SstFileWriter(options=self._opts)
-            w.open(path)
-            for k, v in items:
-                w[k] = v
-                n += 1
-            if n:
-                w.finish()
-                opts = IngestExternalFileOptions()
-                opts.set_move_files(True)
-                self._cf[cf].ingest_external_file([path], opts)
-        except Exception as e:
-            raise StorageError(f"bulk write failed at {self.path}: {e}") from e
-        finally:
-            if os.path.exists(path):
-                os.remove(path)
-        return n
+        deadline = None
+        pause = 0.0005
+        while True:
+            try:
+                self._db.write(batch.build(self._h), self._wo)
+                return
+            except Exception as e:
+                if self._closed:
+                    raise ClosedError(f"storage at {self.path} is closed") from e
+                if "Write stall" not in str(e):
+                    raise StorageError(f"write failed at {self.path}: {e}") from e
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + STALL_SECONDS
+                elif now > deadline:
+                    raise StorageError(f"write failed at {self.path}: RocksDB stalled writes for {STALL_SECONDS:.0f} s "
+                                       f"(is the disk full, or far too slow?): {e}") from e
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         self._check()
@@ -161,30 +170,42 @@ class Store:
         ro = ReadOptions()
         if hi is not None:
             ro.set_iterate_upper_bound(hi)
-        it = self._cf[cf].iter(ro)
-        it.seek(lo)
-        while it.valid():
-            yield it.key(), it.value()
-            it.next()
+        try:
+            it = self._cf[cf].iter(ro)
+            it.seek(lo)
+            while it.valid():
+                yield it.key(), it.value()
+                it.next()
+        except ClosedError:
+            raise
+        except Exception as e:
+            raise StorageError(f"read failed at {self.path}: {e}") from e
 
     def scan_keys(self, cf: str, lo: bytes, hi: bytes) -> list[bytes]:
         """Keys k with lo <= k < hi, in order, without reading values."""
         self._check()
         ro = ReadOptions()
         ro.set_iterate_upper_bound(hi)
-        it = self._cf[cf].iter(ro)
-        it.seek(lo)
-        out = []
-        while it.valid():
-            out.append(it.key())
-            it.next()
-        return out
+        try:
+            it = self._cf[cf].iter(ro)
+            it.seek(lo)
+            out = []
+            while it.valid():
+                out.append(it.key())
+                it.next()
+            return out
+        except Exception as e:
+            raise StorageError(f"read failed at {self.path}: {e}") from e
 
-    def last_key(self, cf: str) -> bytes | None:
+    def catch_up(self) -> int:
+        """A secondary: apply what the writer has written since the last call; returns the
+        latest sequence number (unchanged means nothing new)."""
         self._check()
-        it = self._cf[cf].iter(ReadOptions())
-        it.seek_to_last()
-        return it.key() if it.valid() else None
+        try:
+            self._db.try_catch_up_with_primary()
+            return self._db.latest_sequence_number()
+        except Exception as e:
+            raise StorageError(f"cannot follow the writer of {self.path}: {e}") from e
 
     def approximate_size(self) -> int:
         total = 0
@@ -198,7 +219,10 @@ class Store:
 
     def flush(self) -> None:
         self._check()
-        self._db.flush()
+        try:
+            self._db.flush()
+        except Exception as e:
+            raise StorageError(f"flush failed at {self.path}: {e}") from e
 
     def close(self) -> None:
         with self._lock:
@@ -215,24 +239,35 @@ class Store:
 
 
 class Batch:
-    """A WriteBatch that knows the column family handles."""
+    """Writes to apply atomically: kept as a list, because RocksDB consumes a WriteBatch
+    even when writing it fails, and a stalled write is tried again."""
 
-    __slots__ = ("wb", "_h", "n")
+    __slots__ = ("ops",)
 
-    def __init__(self, handles):
-        self.wb = WriteBatch(raw_mode=True)
-        self._h = handles
-        self.n = 0
+    def __init__(self):
+        self.ops: list[tuple[int, str, bytes, bytes]] = []
+
+    @property
+    def n(self) -> int:
+        return len(self.ops)
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
-        self.wb.put(key, value, self._h[cf])
-        self.n += 1
+        self.ops.append((0, cf, key, value))
 
     def delete(self, cf: str, key: bytes) -> None:
-        self.wb.delete(key, self._h[cf])
-        self.n += 1
+        self.ops.append((1, cf, key, b""))
 
     def delete_range(self, cf: str, lo: bytes, hi: bytes) -> None:
         """Delete every key k with lo <= k < hi."""
-        self.wb.delete_range(lo, hi, self._h[cf])
-        self.n += 1
+        self.ops.append((2, cf, lo, hi))
+
+    def build(self, handles) -> WriteBatch:
+        wb = WriteBatch(raw_mode=True)
+        for op, cf, a, b in self.ops:
+            if op == 0:
+                wb.put(a, b, handles[cf])
+            elif op == 1:
+                wb.delete(a, handles[cf])
+            else:
+                wb.delete_range(a, b, handles[cf])
+        return wb

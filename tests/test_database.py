@@ -43,7 +43,7 @@ def test_create_writes_a_marker_with_the_format(tmp_path):
     with rtindex.open(str(tmp_path / "db")):
         pass
     marker = orjson.loads((tmp_path / "db" / "rtindex.json").read_bytes())
-    assert marker == {"format": 1, "created_by": f"rtindex {rtindex.__version__}"}
+    assert marker == {"format": 2, "created_by": f"rtindex {rtindex.__version__}"}
 
 
 def test_open_without_create_refuses_a_folder_that_is_not_a_database(tmp_path):
@@ -87,8 +87,8 @@ def test_open_refuses_a_file(tmp_path):
 
 def test_a_newer_format_is_refused_naming_its_version(tmp_path):
     make_db(tmp_path / "db", n=1)
-    (tmp_path / "db" / "rtindex.json").write_bytes(orjson.dumps({"format": 2, "created_by": "rtindex 9.0"}))
-    with pytest.raises(NotADatabaseError, match=r"has format 2 \(made by rtindex 9.0\).*reads format 1"):
+    (tmp_path / "db" / "rtindex.json").write_bytes(orjson.dumps({"format": 3, "created_by": "rtindex 9.0"}))
+    with pytest.raises(NotADatabaseError, match=r"has format 3 \(made by rtindex 9.0\).*reads format 2"):
         rtindex.open(str(tmp_path / "db"))
 
 
@@ -99,15 +99,16 @@ def test_a_corrupt_marker_is_corruption_naming_it(tmp_path):
         rtindex.open(str(tmp_path / "db"))
 
 
-def test_a_database_made_before_the_marker_opens_and_is_marked(tmp_path):
-    """Databases from older rtindex have collections/ and nothing else: they still open."""
+def test_a_database_made_before_the_marker_is_refused_naming_its_format(tmp_path):
+    """rtindex 0.1 wrote collections/ and no marker, with segments inside RocksDB (format 1):
+    refused with a message that says so, and left exactly as it was."""
     make_db(tmp_path / "db", n=50)
     os.remove(tmp_path / "db" / "rtindex.json")
     os.remove(tmp_path / "db" / "writer.lock")
     assert os.listdir(tmp_path / "db") == ["collections"]
-    with rtindex.open(str(tmp_path / "db"), create=False) as db:
-        assert len(db["ev"]) == 50
-    assert orjson.loads((tmp_path / "db" / "rtindex.json").read_bytes())["format"] == 1
+    with pytest.raises(NotADatabaseError, match="format 1 .*reads format 2 only"):
+        rtindex.open(str(tmp_path / "db"), create=False)
+    assert os.listdir(tmp_path / "db") == ["collections"]
 
 
 def test_a_folder_with_collections_and_other_things_is_not_a_legacy_database(tmp_path):
@@ -171,10 +172,10 @@ def test_create_collection_replaces_the_remains_of_a_crashed_drop(tmp_path):
 @pytest.mark.parametrize("content, problem", [
     (b'{"shards": 4, "form', "is not valid JSON"),
     (b"[4]", "holds list, not a JSON object"),
-    (b'{"format": 1}', "has shards=None"),
-    (b'{"shards": "4", "format": 1}', "has shards='4'"),
-    (b'{"shards": 0, "format": 1}', "has shards=0"),
-    (b'{"shards": true, "format": 1}', "has shards=True"),
+    (b'{"format": 2}', "has shards=None"),
+    (b'{"shards": "4", "format": 2}', "has shards='4'"),
+    (b'{"shards": 0, "format": 2}', "has shards=0"),
+    (b'{"shards": true, "format": 2}', "has shards=True"),
     (b'{"shards": 4, "format": 7}', "has format 7"),
 ])
 def test_a_bad_manifest_is_corruption_naming_the_file(tmp_path, content, problem):
@@ -190,7 +191,7 @@ def test_the_manifest_is_written_with_the_shard_count(tmp_path):
     with rtindex.open(str(tmp_path / "db")) as db:
         db.create_collection("c", shards=3)
     manifest = tmp_path / "db" / "collections" / "c" / "collection.json"
-    assert orjson.loads(manifest.read_bytes()) == {"shards": 3, "format": 1}
+    assert orjson.loads(manifest.read_bytes()) == {"shards": 3, "format": 2}
     assert not os.path.exists(str(manifest) + ".tmp")
 
 

@@ -29,7 +29,7 @@ them new in a high-cardinality stream):
   (postings ending with its offset, the terms it created, column values): all or nothing.
 
 Not thread-safe, like the reference: one writer at a time, readers between ``add`` calls
-(``rtindex.shard`` holds a lock around both). Only ``write_blocks`` releases the GIL (for
+(``rtindex.shard.Shard`` holds a lock around both). Only ``write_blocks`` releases the GIL (for
 all but the BitMap work and making its output); ``add`` raises RuntimeError meanwhile, so
 nothing moves the table under it. Other reads keep the GIL: copying a posting list is a
 memcpy of at most a few MB.

@@ -29,7 +29,7 @@ from rtindex import keys
 from rtindex.errors import NotFoundError, SqlError
 from rtindex.result import Result
 from rtindex.rowcache import copy_json
-from rtindex.shard import OverBudget
+from rtindex.segments import OverBudget
 from rtindex.sql import frames
 from rtindex.sql import predicates as P
 from rtindex.sql.execute import DuckEngine

@@ -146,7 +146,7 @@ class IndexEvaluator:
     """TRUE / FALSE row sets of predicates on one snapshot.
 
     ``budget`` (a one-item list) caps the distinct terms that range lookups may read; past it
-    ``rtindex.shard.OverBudget`` escapes, telling the planner to scan columns instead.
+    ``rtindex.segments.OverBudget`` escapes, telling the planner to scan columns instead.
     """
 
     def __init__(self, snap, bind: Binder, budget: list[int] | None = None):

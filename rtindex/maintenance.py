@@ -1,0 +1,283 @@
+"""A shard's background work: sealing in-memory segments, merging sealed ones, and the
+clean-up ("garbage") of what a merge dropped.
+
+None of it is on the write path, and none of it may wedge a shard: work that fails (a full
+disk, an I/O error) leaves no trace (a half-written segment file is removed; the segment
+exists only once its descriptor is written, last) and is tried again with backoff, while
+the data stays readable from where it was. ``flush()`` reports such a failure; writes go
+on until the unsealed rows reach ``max_pending_seals`` segments, and then fail (before
+storing anything) rather than grow memory without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import TYPE_CHECKING, Callable
+
+import orjson
+import pyarrow as pa
+from pyroaring import BitMap, FrozenBitMap
+
+from rtindex import columns, keys, segfile
+from rtindex._impl import merge_blocks
+from rtindex.background import Worker
+from rtindex.errors import StorageError
+from rtindex.keys import u64
+from rtindex.segments import MemSegment, Segment, ShardState, View, keep_mask
+
+if TYPE_CHECKING:
+    from rtindex.writer import ShardWriter
+
+log = logging.getLogger("rtindex")
+
+RETRY_FIRST = 0.05  # seconds before the first retry of failed background work
+RETRY_MAX = 5.0
+
+
+class Maintenance:
+    """Seals, merges and clean-ups of one shard, run on the database's worker threads."""
+
+    def __init__(self, shard: "ShardWriter", sealer: Worker, merger: Worker):
+        self.shard = shard
+        self._sealer = sealer
+        self._merger = merger
+        self._merging = False
+        self._error: BaseException | None = None  # the last failure, until work succeeds again
+        self._failures = 0  # failures since the last success (for the backoff)
+        self._failed_total = 0
+        self._cv = threading.Condition(shard.write_lock)
+
+    # ------------------------------------------------------------------ failures
+    def _retry(self, what: str, e: BaseException, again: Callable[[], None], worker: Worker) -> None:
+        """Record a failure and schedule ``again`` with exponential backoff."""
+        with self._cv:
+            self._error = e
+            self._failures += 1
+            self._failed_total += 1
+            delay = min(RETRY_FIRST * 2 ** (self._failures - 1), RETRY_MAX)
+            self._cv.notify_all()
+        log.warning("rtindex shard %s: %s failed (retrying in %.2f s): %s", self.shard.path, what, delay, e)
+        worker.submit(again, delay, retry=True)
+
+    def _succeeded(self) -> None:
+        with self._cv:
+            self._error = None
+            self._failures = 0
+            self._cv.notify_all()
+
+    def error(self) -> StorageError:
+        e = self._error
+        return StorageError(f"shard {self.shard.index} of {self.shard.path}: background work failed "
+                            f"(retried automatically; writes resume once the cause is gone): {e}")
+
+    # ------------------------------------------------------------------ waiting
+    def wait_for_seal_slot(self) -> None:
+        """Wait (caller holds the write lock) until fewer than ``max_pending_seals`` rotated
+        segments wait for the sealer. A failed seal waiting for its retry is tried again at
+        once; StorageError if it fails again."""
+        limit = self.shard.config.max_pending_seals
+        if self.shard._pending_seals(self.shard.state) < limit:
+            return
+        failed_before = self._failed_total
+        self._sealer.hurry()
+        self._cv.wait_for(lambda: self._failed_total != failed_before
+                          or self.shard._pending_seals(self.shard.state) < limit)
+        if self.shard._pending_seals(self.shard.state) >= limit:
+            raise self.error() from self._error
+
+    def wait_idle(self) -> None:
+        """Until no seal or merge of this shard is under way; StorageError if one failed while
+        waiting. Failed work waiting for its retry is tried again at once."""
+        self._sealer.hurry()
+        self._merger.hurry()
+        failed_before = self._failed_total
+        while True:
+            self._sealer.wait_idle()
+            self._merger.wait_idle()
+            with self._cv:
+                busy = self._merging or self.shard._pending_seals(self.shard.state) > 0
+                if self._failed_total != failed_before or (busy and self._error is not None):
+                    raise self.error() from self._error
+                if not busy:
+                    return
+                self._cv.wait(0.01)
+
+    # ------------------------------------------------------------------ sealing
+    def seal_later(self, mem: MemSegment) -> None:
+        self._sealer.submit(lambda: self._seal(mem))
+
+    def _seal(self, mem: MemSegment) -> None:
+        if self.shard.closed:
+            return
+        try:
+            self._seal_inner(mem)
+        except Exception as e:
+            if self.shard.closed:
+                return
+            self._retry("sealing a segment", e, lambda: self._seal(mem), self._sealer)
+            return
+        self._succeeded()
+        self.maybe_merge()
+
+    def _seal_inner(self, mem: MemSegment) -> None:
+        shard = self.shard
+        b = mem.builder
+        n = b.n_rows
+        segid = shard.new_segid()
+
+        def column_chunks():
+            for ck, offs, vals in b.columns():
+                yield ck, columns.encode(columns.dense(ck[-1], offs, vals, n))
+
+        # postings are sorted and encoded in C with the GIL released
+        file = segfile.write_segment(shard.segments_dir, segid, mem.base, n, FrozenBitMap(range(n)),
+                                     b.write_blocks(shard.config.block_bytes), column_chunks())
+        seg = Segment(segid, file)
+        self._commit(seg, [])
+        mem.sealed_as = seg
+        shard.replace_views([mem], lambda cur: View(seg, n, cur[0].deleted))
+        with self._cv:
+            self._cv.notify_all()
+
+    def _commit(self, seg: Segment, dropped: list[Segment]) -> None:
+        """Write the descriptor that makes ``seg`` exist (and ``dropped`` not), with a new
+        segment generation; on failure remove its file: it never existed."""
+        wb = self.shard.store.batch()
+        wb.put("meta", keys.meta_segment(seg.segid), orjson.dumps({"base": seg.base, "n": seg.n}))
+        for old in dropped:
+            wb.delete("meta", keys.meta_segment(old.segid))
+        wb.put("meta", keys.META_GENERATION, u64(self.shard.next_generation()))
+        try:
+            self.shard.store.write(wb)
+        except BaseException:
+            segfile.remove_segment(self.shard.segments_dir, seg.segid)
+            raise
+
+    # ------------------------------------------------------------------ merging
+    def maybe_merge(self) -> None:
+        with self._cv:
+            if self._merging or self.shard.closed:
+                return
+            run = self._pick_merge(self.shard.state)
+            if run is None:
+                return
+            self._merging = True
+        self._merger.submit(lambda: self._merge(run))
+
+    def _pick_merge(self, state: ShardState) -> list[View] | None:
+        """Log-structured policy: ``merge_factor`` adjacent sealed segments of one size tier,
+        or one segment that is mostly deleted rows."""
+        cfg = self.shard.config
+        sealed = [v for v in state.views if v.sealed]
+        f = cfg.merge_factor
+
+        def tier(v: View) -> int:
+            n, t = max(v.n_live(), 1), 0
+            while n >= cfg.seal_rows * (f ** (t + 1)) // 2:
+                t += 1
+            return t
+
+        for i in range(len(sealed) - f + 1):
+            run = sealed[i : i + f]
+            if len({tier(v) for v in run}) == 1 and sum(v.seg.n for v in run) <= cfg.max_merge_rows:
+                return run
+        for v in sealed:
+            if len(v.deleted) > 0.3 * max(len(v.seg.live), 1):
+                return [v]
+        return None
+
+    def _merge(self, run: list[View]) -> None:
+        if self.shard.closed:
+            return
+        try:
+            self._merge_inner(run)
+        except Exception as e:
+            with self._cv:
+                self._merging = False
+            if not self.shard.closed:
+                self._retry("merging segments", e, self.maybe_merge, self._merger)
+            return
+        with self._cv:
+            self._merging = False
+        self._succeeded()
+        self.maybe_merge()
+
+    def _merge_inner(self, run: list[View]) -> None:
+        shard = self.shard
+        base = run[0].base
+        last = run[-1]
+        n = last.base + last.seg.n - base
+        segid = shard.new_segid()
+        inputs = [(v.seg.file.blocks(), v.base - base, BitMap(v.deleted)) for v in run]
+        live = BitMap()
+        keeps = []
+        for v in run:
+            kept = BitMap(v.seg.live) - BitMap(v.deleted)
+            live |= kept.shift(v.base - base) if v.base != base else kept
+            keeps.append(keep_mask(v.seg.live, v.deleted) if v.deleted else None)
+        colkeys = sorted(set().union(*(v.seg.column_keys for v in run)))
+
+        def column_chunks():
+            for ck in colkeys:
+                parts = []
+                for v, keep in zip(run, keeps):
+                    arr = v.seg.file.column(ck)
+                    if arr is None:
+                        arr = columns.nulls(ck[-1], len(v.seg.live))
+                    parts.append(arr.filter(keep) if keep is not None else arr)
+                yield ck, columns.encode(pa.concat_arrays(parts))
+
+        # postings streamed from the inputs' blocks (the k-way merge drops deleted rows)
+        file = segfile.write_segment(shard.segments_dir, segid, base, n, FrozenBitMap(live),
+                                     merge_blocks(inputs, shard.config.block_bytes), column_chunks())
+        seg = Segment(segid, file)
+        self._commit(seg, [v.seg for v in run])
+
+        def merged(cur: list[View]) -> View:
+            # deletes that arrived while merging carry over to the new segment
+            late = BitMap()
+            for now, old in zip(cur, run):
+                extra = BitMap(now.deleted) - BitMap(old.deleted)
+                if extra:
+                    late |= BitMap((o + now.base - base) for o in extra)
+            return View(seg, n, FrozenBitMap(late))
+
+        shard.replace_views([v.seg for v in run], merged)
+        for v in run:
+            v.seg.merged_into = seg
+        grace = shard.config.reader_grace_seconds
+        for v in run:  # drop the old segments' data once no reader state can reach them
+            dropped = [v.base + o for o in v.deleted]
+            weakref.finalize(v.seg, self._merger.submit, _Garbage(self, v.seg.segid, dropped), grace)
+
+
+class _Garbage:
+    """Deletes a merged-away segment's file, the rows it dropped and their delete records
+    (and the rows' RowStoreCache entries); tried again later if it fails."""
+
+    def __init__(self, maintenance: Maintenance, segid: int, dropped_rows: list[int]):
+        self.maintenance = weakref.ref(maintenance)
+        self.segid = segid
+        self.dropped = dropped_rows
+
+    def __call__(self) -> None:
+        m = self.maintenance()
+        if m is None or m.shard.closed:
+            return  # open() finishes the clean-up
+        shard = m.shard
+        try:
+            wb = shard.store.batch()
+            for rid in self.dropped:
+                wb.delete("rows", u64(rid))
+                wb.delete("meta", keys.meta_deleted(rid))
+            if wb.n:
+                shard.store.write(wb)
+            segfile.remove_segment(shard.segments_dir, self.segid)
+        except Exception as e:
+            if not shard.closed:
+                m._retry(f"removing dropped segment {self.segid}", e, self, m._merger)
+            return
+        shard._rows.forget(shard._row_cache_id, self.dropped)  # no reader can ask for them again
+        shard.signal()

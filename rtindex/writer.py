@@ -1,0 +1,385 @@
+"""One shard, write side: the only process that writes it (docs/architecture.md, write path).
+
+Per batch, under the shard's write lock:
+1. each document is indexed into the active in-memory segment (it gets the next row id,
+   ``base + offset``); a document the indexer rejects is reported, nothing is written;
+2. the rows, the ``_id`` -> row id entries, delete records for replaced rows, a change log
+   record (for readers in other processes) and the next row id go to RocksDB in one
+   WAL-backed WriteBatch;
+3. a new immutable ShardState is published (readers that start now see the batch) and the
+   readers' change signal is bumped.
+
+If step 2 fails (a full disk, an I/O error) nothing was stored, but step 1 left rows in the
+builder: the builder is rebuilt from the row store before anything else may use it, so a
+failed batch leaves no trace and the shard goes on working once the cause is gone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from dataclasses import replace
+
+import orjson
+from pyroaring import BitMap, FrozenBitMap
+
+from rtindex import keys, segfile
+from rtindex._impl import SegmentBuilder
+from rtindex.background import Worker
+from rtindex.errors import CorruptionError, SchemaError, StorageError
+from rtindex.keys import from_u64, u64
+from rtindex.maintenance import Maintenance
+from rtindex.notify import Signal
+from rtindex.rowcache import RowStoreCache
+from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View
+from rtindex.shard import SIGNAL_FILE, Shard
+from rtindex.storage import Store
+
+log = logging.getLogger("rtindex")
+
+LOG_KEEP = 4096  # change log records kept for readers; one further behind reloads its delete sets
+LOG_TRIM_EVERY = 256
+
+
+class ShardWriter(Shard):
+    def __init__(self, path: str, index: int, config: ShardConfig, sealer: Worker, merger: Worker,
+                 row_cache: RowStoreCache, *, create: bool = False, sync: bool = False, block_cache=None,
+                 write_buffers=None):
+        super().__init__(path, index, config, row_cache)
+        self.store = Store(path, create=create, sync=sync, block_cache=block_cache, write_buffers=write_buffers)
+        self._write_lock = threading.RLock()  # one writer at a time; publishes states
+        self._closed = False
+        self._broken_builder = False  # a failed write left rows in the active builder
+        try:
+            self._signal = Signal(os.path.join(path, SIGNAL_FILE))
+            self.maintenance = Maintenance(self, sealer, merger)
+            self._state = self._recover()
+        except BaseException:
+            self.store.close()
+            raise
+        self._signal.bump(self._state.next_row_id)
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> ShardState:
+        """Load sealed segments and deletes; re-index rows that were only in memory."""
+        st = self.store
+        raw_next = st.get("meta", keys.META_NEXT_ROW)
+        next_row = from_u64(raw_next) if raw_next else 0
+        raw_seq = st.get("meta", keys.META_LOG_SEQ)
+        self._log_seq = from_u64(raw_seq) if raw_seq else 0
+        raw_gen = st.get("meta", keys.META_GENERATION)
+        self._generation = from_u64(raw_gen) if raw_gen else 0
+        segs = self.load_segments(st, self.segments_dir, self.index)
+        self._next_segid = max((s.segid for s in segs), default=0) + 1
+        self._collect_orphans(segs)
+        sealed_end = segs[-1].base + segs[-1].n if segs else 0
+
+        deleted: dict[int, BitMap] = {}
+        garbage = st.batch()
+        bases = [s.base for s in segs]
+        for k, _ in st.scan("meta", keys.META_DELETED, keys.prefix_upper_bound(keys.META_DELETED)):
+            rid = from_u64(k[1:])
+            if rid >= sealed_end:
+                deleted.setdefault(sealed_end, BitMap()).add(rid - sealed_end)
+                continue
+            i = bisect.bisect_right(bases, rid) - 1
+            off = rid - segs[i].base if i >= 0 else -1
+            if i >= 0 and off in segs[i].live:
+                deleted.setdefault(segs[i].base, BitMap()).add(off)
+            else:  # dropped by a merge whose clean-up did not run: finish it
+                garbage.delete("meta", k)
+                garbage.delete("rows", u64(rid))
+        if garbage.n:
+            st.write(garbage)
+
+        views = [View(s, s.n, FrozenBitMap(deleted.get(s.base, EMPTY))) for s in segs]
+        builder = self._index_rows(sealed_end, next_row)
+        views.append(View(MemSegment(builder, sealed_end), builder.n_rows, FrozenBitMap(deleted.get(sealed_end, EMPTY))))
+        return ShardState(tuple(views), next_row)
+
+    @staticmethod
+    def load_segments(store: Store, directory: str, index: int) -> list[Segment]:
+        """The sealed segments the meta records name, with their files mapped, by base."""
+        segs = []
+        for k, v in store.scan("meta", keys.META_SEGMENT, keys.prefix_upper_bound(keys.META_SEGMENT)):
+            segid = from_u64(k[1:])
+            d = orjson.loads(v)
+            seg = Segment(segid, segfile.open_segment(directory, segid))
+            if (seg.base, seg.n) != (d["base"], d["n"]):
+                raise CorruptionError(f"shard {index}: segment file {seg.file.path} holds rows {seg.base}+{seg.n}, "
+                                      f"its descriptor says {d['base']}+{d['n']}")
+            segs.append(seg)
+        segs.sort(key=lambda s: s.base)
+        return segs
+
+    def _index_rows(self, start: int, end: int):
+        """A new builder holding rows ``start`` .. ``end - 1`` read back from the row store."""
+        builder = SegmentBuilder(self.config.max_depth)
+        expect = start
+        for k, v in self.store.scan("rows", u64(start), u64(end)):
+            rid = from_u64(k)
+            if rid != expect:
+                raise CorruptionError(f"shard {self.index}: row {rid} found where row {expect} was expected")
+            builder.add(orjson.loads(v))
+            expect += 1
+        if expect != end:
+            raise CorruptionError(f"shard {self.index}: rows end at {expect}, next row id is {end}")
+        return builder
+
+    def _collect_orphans(self, segs: list[Segment]) -> None:
+        """Delete segment files no descriptor names (a crash mid-seal/merge, or a clean-up
+        that did not run) and temporary files of unfinished writes."""
+        named = {s.segid for s in segs}
+        segfile.remove_leftovers(self.segments_dir)
+        for segid in segfile.segment_ids(self.segments_dir):
+            self._next_segid = max(self._next_segid, segid + 1)
+            if segid not in named:
+                segfile.remove_segment(self.segments_dir, segid)
+
+    # ------------------------------------------------------------------ writes
+    @property
+    def write_lock(self) -> threading.RLock:
+        """Held by every write; hold it to make a read-modify-write (patch) atomic."""
+        return self._write_lock
+
+    def _check_writable(self) -> None:
+        if self._broken_builder:
+            self._rebuild_builder()
+
+    def _rebuild_builder(self) -> None:
+        """Replace the active builder by one re-indexed from the row store: after a failed
+        write it holds rows that were never stored (readers of older states keep the old one,
+        whose extra rows their row limit hides)."""
+        state = self._state
+        mem = state.views[-1]
+        try:
+            builder = self._index_rows(mem.base, state.next_row_id)
+        except StorageError:
+            self._broken_builder = True
+            raise
+        with self._mem_lock:
+            views = state.views[:-1] + (replace(mem, seg=MemSegment(builder, mem.base)),)
+            self._state = ShardState(views, state.next_row_id)
+        self._broken_builder = False
+
+    def _write(self, wb, what: str) -> None:
+        try:
+            self.store.write(wb)
+        except StorageError as e:
+            raise StorageError(f"shard {self.index} of {os.path.dirname(self.path)}: {what} failed, nothing "
+                               f"of it was stored: {e.__cause__ or e}") from e
+
+    def put_many(self, items: list[tuple[int, bytes, dict, bytes]]) -> list[tuple[int, SchemaError]]:
+        """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
+
+        Returns the per-item indexing errors; every other item is durable when this returns.
+        Raises StorageError (and stores nothing) when the write fails.
+        """
+        errors: list[tuple[int, SchemaError]] = []
+        with self._write_lock:
+            self._check_writable()
+            self._rotate_if_full()
+            state = self._state
+            mem_view = state.views[-1]
+            builder = mem_view.seg.builder
+            base = mem_view.seg.base
+            old = self.store.multi_get("ids", [it[1] for it in items])
+            wb = self.store.batch()
+            seen: dict[bytes, int] = {}
+            dels: list[int] = []
+            next_row = state.next_row_id
+            self._broken_builder = True  # until the write below succeeded
+            offsets = self._index_docs(builder, items, errors)
+            put = wb.put
+            for (idx, id_key, doc, raw), prev_raw, off in zip(items, old, offsets):
+                if off < 0:
+                    continue
+                rid = base + off
+                if rid != next_row:
+                    raise CorruptionError(f"shard {self.index}: row id {rid} assigned, {next_row} expected")
+                next_row += 1
+                prev = seen.get(id_key)
+                if prev is None and prev_raw is not None:
+                    prev = from_u64(prev_raw)
+                if prev is not None:
+                    dels.append(prev)
+                    put("meta", keys.meta_deleted(prev), b"")
+                seen[id_key] = rid
+                rid_key = u64(rid)
+                put("rows", rid_key, raw)
+                put("ids", id_key, rid_key)
+            if next_row == state.next_row_id:
+                self._broken_builder = False
+                return errors
+            wb.put("meta", keys.META_NEXT_ROW, u64(next_row))
+            self._log(wb, dels)
+            try:
+                self._write(wb, f"writing {next_row - state.next_row_id} documents")
+            except StorageError:
+                self._log_seq -= 1 if dels else 0
+                try:
+                    self._rebuild_builder()
+                except StorageError:
+                    pass  # rebuilt before the next write instead
+                raise
+            self._broken_builder = False
+            self._publish(state, next_row, dels)
+        return errors
+
+    def _index_docs(self, builder, items, errors) -> list[int]:
+        """Index each item's document into the active builder: its offset, or -1 if rejected.
+
+        The lock that keeps readers off the builder is taken per small chunk, so a reader waits
+        for at most a few documents, and ingest does not pay a lock round trip per document.
+        """
+        offsets = []
+        add = builder.add
+        for start in range(0, len(items), 32):
+            with self._mem_lock:
+                for idx, _, doc, _ in items[start : start + 32]:
+                    try:
+                        offsets.append(add(doc))
+                    except SchemaError as e:
+                        errors.append((idx, e))
+                        offsets.append(-1)
+        return offsets
+
+    def _log(self, wb, dels: list[int]) -> None:
+        """Add a change log record of ``dels`` to ``wb`` (readers in other processes learn
+        deletes from it), trimming old records now and then."""
+        if not dels:
+            return
+        self._log_seq += 1
+        seq = self._log_seq
+        wb.put("meta", keys.meta_log(seq), keys.pack_u64s(dels))
+        wb.put("meta", keys.META_LOG_SEQ, u64(seq))
+        if seq % LOG_TRIM_EVERY == 0 and seq > LOG_KEEP:
+            wb.delete_range("meta", keys.meta_log(0), keys.meta_log(seq - LOG_KEEP))
+
+    def delete_many(self, id_keys: list[bytes]) -> list[bool]:
+        """Delete documents by id key; returns whether each existed."""
+        with self._write_lock:
+            self._check_writable()
+            state = self._state
+            old = self.store.multi_get("ids", id_keys)
+            wb = self.store.batch()
+            dels, found, gone = [], [], set()
+            for id_key, prev_raw in zip(id_keys, old):
+                if prev_raw is None or id_key in gone:
+                    found.append(False)
+                    continue
+                gone.add(id_key)
+                prev = from_u64(prev_raw)
+                dels.append(prev)
+                found.append(True)
+                wb.put("meta", keys.meta_deleted(prev), b"")
+                wb.delete("ids", id_key)
+            if dels:
+                self._log(wb, dels)
+                try:
+                    self._write(wb, f"deleting {len(dels)} documents")
+                except StorageError:
+                    self._log_seq -= 1
+                    raise
+                self._publish(state, state.next_row_id, dels)
+            return found
+
+    def _publish(self, state: ShardState, next_row: int, dels: list[int]) -> None:
+        """Make a written batch visible (caller holds the write lock)."""
+        views = list(state.views)
+        if dels:
+            by_view: dict[int, list[int]] = {}
+            bases = [v.base for v in views]
+            for rid in dels:
+                i = bisect.bisect_right(bases, rid) - 1
+                by_view.setdefault(i, []).append(rid - bases[i])
+            for i, offs in by_view.items():
+                views[i] = replace(views[i], deleted=FrozenBitMap(BitMap(views[i].deleted) | BitMap(offs)))
+        mem = views[-1]
+        views[-1] = replace(mem, limit=next_row - mem.base)
+        self._state = ShardState(tuple(views), next_row)
+        self._signal.bump(next_row)
+        if self._is_full(self._state) and self._pending_seals(self._state) < self.config.max_pending_seals:
+            self._state = self._rotated(self._state)
+
+    # ------------------------------------------------------------------ rotation
+    def _is_full(self, state: ShardState) -> bool:
+        b = state.views[-1].seg.builder
+        return b.n_rows >= self.config.seal_rows or b.nbytes >= self.config.seal_bytes
+
+    @staticmethod
+    def _pending_seals(state: ShardState) -> int:
+        return sum(1 for v in state.views[:-1] if not v.sealed)
+
+    def _rotate_if_full(self) -> None:
+        """Before a write: rotate a full builder out, waiting for the sealer while too many
+        wait (bounded memory). A sealer that keeps failing makes the write fail here, before
+        anything of it is stored."""
+        if not self._is_full(self._state):
+            return
+        self.maintenance.wait_for_seal_slot()
+        self._state = self._rotated(self._state)
+
+    def _rotated(self, state: ShardState) -> ShardState:
+        """``state`` with a fresh active builder; the full one goes to the sealer."""
+        full = state.views[-1].seg
+        fresh = View(MemSegment(SegmentBuilder(self.config.max_depth), state.next_row_id), 0, EMPTY)
+        self.maintenance.seal_later(full)
+        return ShardState(state.views + (fresh,), state.next_row_id)
+
+    def seal_now(self) -> None:
+        """Rotate the mutable segment out (if it has rows) so that it gets sealed."""
+        with self._write_lock:
+            self._check_writable()
+            if self._state.views[-1].limit:
+                self.maintenance.wait_for_seal_slot()
+                self._state = self._rotated(self._state)
+
+    def new_segid(self) -> int:
+        with self._write_lock:
+            segid = self._next_segid
+            self._next_segid += 1
+            return segid
+
+    def next_generation(self) -> int:
+        """The next value of the segment-set generation (caller writes it with the change)."""
+        with self._write_lock:
+            self._generation += 1
+            return self._generation
+
+    def replace_views(self, old: list, build) -> None:
+        """Publish a state where the views of the adjacent segments ``old`` are replaced by
+        ``build(their current views)``: a seal or merge result, which carries over the
+        deletes that arrived while it was being written."""
+        with self._write_lock:
+            views = list(self._state.views)
+            i = next(i for i, v in enumerate(views) if v.seg is old[0])
+            cur = views[i : i + len(old)]
+            if [v.seg for v in cur] != old:
+                raise CorruptionError(f"shard {self.index}: segments changed under a seal or merge")
+            views[i : i + len(old)] = [build(cur)]
+            self._state = ShardState(tuple(views), self._state.next_row_id)
+            self._signal.bump(self._state.next_row_id)
+
+    def signal(self) -> None:
+        self._signal.bump(self._state.next_row_id)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ lifecycle
+    def wait_for_background(self) -> None:
+        """Block until sealing and merging are done; StorageError if they failed meanwhile
+        (they are retried: a later call succeeds once the cause is gone)."""
+        self.maintenance.wait_idle()
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._closed = True
+        try:
+            self.store.close()
+        finally:
+            self._signal.close()
