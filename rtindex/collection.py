@@ -5,19 +5,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import jsonpatch
 
 from rtindex import documents
 from rtindex.documents import ItemError, Limits
-from rtindex.errors import ClosedError, CorruptionError, NotFoundError, SchemaError
-from rtindex.segments import ShardConfig
-from rtindex.writer import ShardWriter
+from rtindex.errors import ClosedError, CorruptionError, NotFoundError, ReadOnlyError, SchemaError
+from rtindex.runtime import Runtime
+from rtindex.shard import Shard
 from rtindex.snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from rtindex.database import Database
 
 
 @dataclass
@@ -68,27 +65,24 @@ def _check_shard_exists(name: str, shard_path: str, n_shards: int) -> None:
 class Collection:
     """A handle on one collection; get it from ``db.create_collection()`` or ``db[name]``."""
 
-    def __init__(self, db: "Database", name: str, path: str, n_shards: int, config: ShardConfig,
-                 limits: Limits, *, create: bool = False):
+    def __init__(self, runtime: Runtime, name: str, path: str, n_shards: int, *, create: bool = False):
         """``create`` is True only from Database.create_collection: only then may shards be
         made. Opening an existing collection first checks that every shard its manifest lists
         is there, because opening a missing one would silently make a fresh, empty shard (and
         its documents would be gone without a word)."""
-        self._db = db
+        self._runtime = runtime
         self.name = name
         self.path = path
         self.n_shards = n_shards
-        self._limits = limits
+        self._limits = runtime.limits
         self._closed = False
-        self._shards: list[ShardWriter] = []
+        self._shards: list = []  # ShardWriter, or ShardReader in a reader process
         if not create:
             for i in range(n_shards):
                 _check_shard_exists(name, _shard_path(path, i), n_shards)
         try:
             for i in range(n_shards):
-                self._shards.append(ShardWriter(_shard_path(path, i), i, config, db._sealer, db._merger,
-                                                db._row_cache, create=create, sync=db.sync,
-                                                block_cache=db._block_cache, write_buffers=db._write_buffers))
+                self._shards.append(runtime.open_shard(_shard_path(path, i), i, create=create))
         except BaseException:
             for s in self._shards:
                 s.close()
@@ -105,6 +99,12 @@ class Collection:
         if self._closed:
             raise ClosedError(f"collection {self.name!r} is closed (its database was closed or dropped)")
 
+    def _check_writable(self) -> None:
+        self._check()
+        if self._runtime.reader:
+            raise ReadOnlyError(f"collection {self.name!r} is opened by a reader (role=\"reader\"): "
+                                "write through the database's writer process")
+
     # -- writes -------------------------------------------------------------
     def ingest(self, docs: Iterable[dict] | bytes | str, batch_size: int = 1000) -> IngestStats:
         """Store documents; each replaces any stored document with the same ``_id``.
@@ -116,7 +116,7 @@ class Collection:
         same ``_id`` twice in one call stores the later version and counts once (see
         :class:`IngestStats`).
         """
-        self._check()
+        self._check_writable()
         t0 = time.perf_counter()
         stats = IngestStats()
         limits = self._limits
@@ -172,7 +172,7 @@ class Collection:
 
     def delete(self, doc_id: Any) -> bool:
         """Delete a document by ``_id``; True if it existed."""
-        self._check()
+        self._check_writable()
         shard, id_key = self._shard_for(doc_id)
         return shard.delete_many([id_key])[0]
 
@@ -181,7 +181,7 @@ class Collection:
 
         ``_id`` cannot be changed; removing ``_event_time`` keeps the old one.
         """
-        self._check()
+        self._check_writable()
         shard, id_key = self._shard_for(doc_id)
         with shard.write_lock:
             doc = shard.get(id_key)
@@ -212,7 +212,7 @@ class Collection:
         Never needed for correctness (ingested documents are durable and visible at once);
         useful before measuring, or to make on-disk state compact.
         """
-        self._check()
+        self._check_writable()
         for s in self._shards:
             s.seal_now()
         for s in self._shards:
@@ -252,14 +252,17 @@ class Collection:
                 "memory_segments": sum(1 for v in st.views if not v.sealed),
                 "disk_bytes": s.store.approximate_size(),
             })
+            if self._runtime.reader:
+                out[-1]["lag"] = s.lag()
         return {"name": self.name, "documents": sum(x["documents"] for x in out), "shards": out}
 
     def _close(self) -> None:
         if self._closed:
             return
         try:
-            for s in self._shards:
-                s.wait_for_background()  # re-raises a background failure, after which ...
+            if not self._runtime.reader:
+                for s in self._shards:
+                    s.wait_for_background()  # re-raises a background failure, after which ...
         finally:
             self._closed = True  # ... every shard is still closed
             for s in self._shards:

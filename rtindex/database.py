@@ -14,6 +14,7 @@ import fcntl
 import os
 import re
 import shutil
+import tempfile
 import threading
 from typing import Any
 
@@ -22,6 +23,7 @@ import orjson
 from rtindex.background import Worker
 from rtindex.collection import Collection
 from rtindex.documents import Limits
+from rtindex.follower import Follower
 from rtindex.result import Result
 from rtindex.rowcache import RowStoreCache
 from rtindex.sql.engine import Plan, SqlEngine
@@ -31,8 +33,10 @@ from rtindex.errors import (
     CorruptionError,
     NotADatabaseError,
     NotFoundError,
+    ReadOnlyError,
     StorageError,
 )
+from rtindex.runtime import Runtime
 from rtindex.segments import ShardConfig
 from rtindex.storage import new_block_cache, new_write_buffer_manager
 
@@ -217,11 +221,17 @@ class _WriterLock:
 class Database:
     """An open rtindex database. Use :func:`rtindex.open`; close it (or use ``with``)."""
 
-    def __init__(self, path: str, *, create: bool = True, sync: bool = False,
+    def __init__(self, path: str, *, role: str = "writer", create: bool = True, sync: bool = False,
                  block_cache_bytes: int = 256 << 20, write_buffer_bytes: int = 256 << 20, max_document_bytes: int = 4 << 20,
                  max_depth: int = 64, seal_rows: int = 25_000, seal_bytes: int = 96 << 20,
-                 merge_factor: int = 4, row_cache_bytes: int = 256 << 20):
+                 merge_factor: int = 4, row_cache_bytes: int = 256 << 20, reader_grace_seconds: float = 30.0):
         self.path = os.path.abspath(path)
+        if role not in ("writer", "reader"):
+            raise ValueError(f"role must be 'writer' or 'reader', not {role!r}")
+        if isinstance(reader_grace_seconds, bool) or not isinstance(reader_grace_seconds, (int, float)) \
+                or not reader_grace_seconds >= 0:
+            raise ValueError(f"reader_grace_seconds must be a number >= 0, not {reader_grace_seconds!r}")
+        self.role = role
         # everything is checked before anything is written: a wrong path or a bad option
         # must leave the directory exactly as it was
         if max_depth < 1 or max_document_bytes < 16 or seal_rows < 1 or merge_factor < 2:
@@ -229,21 +239,25 @@ class Database:
                              "(merge_factor at least 2)")
         if isinstance(row_cache_bytes, bool) or not isinstance(row_cache_bytes, int) or row_cache_bytes < 0:
             raise ValueError(f"row_cache_bytes must be a non-negative int (0 turns the cache off), not {row_cache_bytes!r}")
-        kind = _inspect_directory(self.path, create)
+        kind = _inspect_directory(self.path, create and role == "writer")
         self.sync = sync
         self._limits = Limits(max_document_bytes=max_document_bytes, max_depth=max_depth)
         self._config = ShardConfig(seal_rows=seal_rows, seal_bytes=seal_bytes, merge_factor=merge_factor,
-                                   max_depth=max_depth)
-        self._block_cache = new_block_cache(block_cache_bytes)
-        self._write_buffers = new_write_buffer_manager(write_buffer_bytes)
+                                   max_depth=max_depth, reader_grace_seconds=float(reader_grace_seconds))
         self._row_cache = RowStoreCache(row_cache_bytes)
-        self._sealer = Worker("sealer")
-        self._merger = Worker("merger")
+        self._runtime = Runtime(self._config, self._limits, self._row_cache, new_block_cache(block_cache_bytes),
+                                new_write_buffer_manager(write_buffer_bytes), sync)
         self._collections: dict[str, Collection] = {}
         self._lock = threading.RLock()
         self._closed = False
-        self._sql = SqlEngine(self)
+        self._sql = SqlEngine(self.collection)
         self._writer_lock: _WriterLock | None = None
+        self._follower: Follower | None = None
+        if role == "reader":
+            self._open_reader()
+            return
+        self._runtime.sealer = Worker("sealer")
+        self._runtime.merger = Worker("merger")
         try:
             if kind == "new":
                 try:
@@ -276,8 +290,22 @@ class Database:
             self.close()
             raise
 
+    def _open_reader(self) -> None:
+        """A live read replica: every collection's shards opened as RocksDB secondaries, and a
+        thread that keeps them caught up with the writer (rtindex/follower.py)."""
+        if not os.path.isdir(os.path.join(self.path, COLLECTIONS_DIR)):
+            raise CorruptionError(f"database {self.path} has {MARKER} but no {COLLECTIONS_DIR}/ directory")
+        self._runtime.secondary_root = tempfile.mkdtemp(prefix="rtindex-reader-")
+        try:
+            self._follower = Follower(self)
+            self._follower.sync_collections(strict=True)
+            self._follower.start()
+        except BaseException:
+            self.close()
+            raise
+
     def __repr__(self) -> str:
-        return f"<rtindex.Database {self.path!r} collections={sorted(self._collections)}>"
+        return f"<rtindex.Database {self.path!r} role={self.role} collections={sorted(self._collections)}>"
 
     def __enter__(self) -> "Database":
         return self
@@ -289,13 +317,19 @@ class Database:
         if self._closed:
             raise ClosedError(f"database {self.path} is closed")
 
+    def _check_writable(self) -> None:
+        self._check()
+        if self.role == "reader":
+            raise ReadOnlyError(f"database {self.path} is opened with role=\"reader\": create and drop "
+                                "collections through its writer")
+
     def _coll_path(self, name: str) -> str:
         return os.path.join(self.path, COLLECTIONS_DIR, name)
 
     def _open_collection(self, name: str) -> Collection:
         path = self._coll_path(name)
         manifest = _read_manifest(path)
-        coll = Collection(self, name, path, manifest["shards"], self._config, self._limits, create=False)
+        coll = Collection(self._runtime, name, path, manifest["shards"], create=False)
         self._collections[name] = coll
         return coll
 
@@ -312,7 +346,7 @@ class Database:
                            extra: dict | None = None) -> Collection:
         """create_collection, with ``extra`` keys stored in the manifest (the demo marks the
         collections it made with ``{"created_by": "rtindex demo"}``)."""
-        self._check()
+        self._check_writable()
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(f"invalid collection name {name!r}: use letters, digits, _ and -, "
                              "starting with a letter or _ (at most 128 characters)")
@@ -332,7 +366,7 @@ class Database:
                 raise StorageError(f"cannot create the collection directory {path}: {e}") from e
             # shards first, manifest last: the manifest says "these shards exist", so once it
             # is there a missing shard is corruption (see Collection), never a crash in here
-            coll = Collection(self, name, path, shards, self._config, self._limits, create=True)
+            coll = Collection(self._runtime, name, path, shards, create=True)
             try:
                 _write_json_atomic(os.path.join(path, MANIFEST), {**(extra or {}), "shards": shards, "format": FORMAT})
             except BaseException:
@@ -362,7 +396,7 @@ class Database:
 
     def drop_collection(self, name: str) -> None:
         """Delete a collection and all its data."""
-        self._check()
+        self._check_writable()
         with self._lock:
             coll = self.collection(name)
             coll._close()
@@ -392,10 +426,25 @@ class Database:
 
     def stats(self) -> dict:
         """Per collection and shard: documents, segments, approximate disk bytes; and the
-        RowStoreCache's counters (hits, misses, inserts, evictions, bytes, entries)."""
+        RowStoreCache's counters (hits, misses, inserts, evictions, bytes, entries). A reader
+        also reports its ``lag`` behind the writer: rows not indexed yet and milliseconds
+        since the newest write it surely has (per shard, and the worst of them here)."""
         self._check()
-        return {"path": self.path, "collections": {n: c.stats() for n, c in self._collections.items()},
-                "row_cache": self._row_cache.stats()}
+        out = {"path": self.path, "role": self.role,
+               "collections": {n: c.stats() for n, c in list(self._collections.items())},
+               "row_cache": self._row_cache.stats()}
+        if self._follower is not None:
+            shards = [s["lag"] for c in out["collections"].values() for s in c["shards"]]
+            out["lag"] = {"rows": sum(x["rows"] for x in shards), "ms": max((x["ms"] for x in shards), default=0.0)}
+            out["follow_error"] = self._follower.last_error
+        return out
+
+    def refresh(self) -> None:
+        """A reader: catch up with the writer now (reads started after this returns see every
+        write the writer had acknowledged when it was called). A writer: nothing to do."""
+        self._check()
+        if self._follower is not None:
+            self._follower.refresh_all()
 
     def close(self) -> None:
         """Finish background work and close every shard. Idempotent."""
@@ -403,6 +452,8 @@ class Database:
             if self._closed:
                 return
             self._closed = True
+            if self._follower is not None:
+                self._follower.stop()
             errors = []
             for coll in self._collections.values():
                 try:
@@ -411,11 +462,14 @@ class Database:
                     errors.append(e)
             try:
                 self._sql.close()
-                self._sealer.stop()
-                self._merger.stop()
+                for worker in (self._runtime.sealer, self._runtime.merger):
+                    if worker is not None:
+                        worker.stop()
             finally:
                 # last, once every shard is closed; and always, even when closing failed, so
                 # that this process can open the database again
+                if self._runtime.secondary_root is not None:
+                    shutil.rmtree(self._runtime.secondary_root, ignore_errors=True)
                 if self._writer_lock is not None:
                     self._writer_lock.release()
             if errors:
@@ -439,6 +493,11 @@ def open(path: str, **options: Any) -> Database:  # noqa: A001 - the natural nam
     ``write_buffer_bytes`` (RocksDB memtables of all shards together),
     ``max_document_bytes``, ``max_depth``, ``seal_rows``, ``seal_bytes``, ``merge_factor``,
     ``row_cache_bytes`` (256 MiB: the RowStoreCache of decoded rows shared by every
-    collection; 0 turns it off).
+    collection; 0 turns it off), ``reader_grace_seconds`` (30: how long rows a merge dropped
+    stay readable for reader processes' older snapshots).
+
+    ``role="reader"`` opens a live read replica from another process: it follows the writer
+    (new collections, rows, upserts, deletes, seals, merges) within milliseconds, by itself,
+    and every write through it raises ReadOnlyError. Several readers may follow one writer.
     """
     return Database(path, **options)

@@ -27,6 +27,10 @@ class NotADatabaseError(RtindexError, ValueError):
     """
 
 
+class ReadOnlyError(RtindexError):
+    """A write through a database opened with ``role="reader"``: write through the writer."""
+
+
 class ClosedError(RtindexError):
     """A database, collection or snapshot was used after close()."""
 

@@ -247,20 +247,26 @@ class Maintenance:
         shard.replace_views([v.seg for v in run], merged)
         for v in run:
             v.seg.merged_into = seg
-        grace = shard.config.reader_grace_seconds
         for v in run:  # drop the old segments' data once no reader state can reach them
             dropped = [v.base + o for o in v.deleted]
-            weakref.finalize(v.seg, self._merger.submit, _Garbage(self, v.seg.segid, dropped), grace)
+            weakref.finalize(v.seg, self._merger.submit, _Garbage(self, v.seg.segid, dropped))
 
 
 class _Garbage:
-    """Deletes a merged-away segment's file, the rows it dropped and their delete records
-    (and the rows' RowStoreCache entries); tried again later if it fails."""
+    """The clean-up of a merged-away segment, once no state of this process can reach it.
+
+    Its file is removed at once: a reader in another process that still reads it has it
+    mapped, and a mapping outlives the unlink. The rows the merge dropped (replaced or
+    deleted ones), their delete records and their RowStoreCache entries go after
+    ``reader_grace_seconds``: a reader's older state may still fetch them. Tried again
+    later if it fails.
+    """
 
     def __init__(self, maintenance: Maintenance, segid: int, dropped_rows: list[int]):
         self.maintenance = weakref.ref(maintenance)
         self.segid = segid
         self.dropped = dropped_rows
+        self.file_removed = False
 
     def __call__(self) -> None:
         m = self.maintenance()
@@ -268,13 +274,19 @@ class _Garbage:
             return  # open() finishes the clean-up
         shard = m.shard
         try:
+            if not self.file_removed:
+                segfile.remove_segment(shard.segments_dir, self.segid)
+                self.file_removed = True
+                grace = shard.config.reader_grace_seconds
+                if self.dropped and grace > 0:
+                    m._merger.submit(self, grace)
+                    return
             wb = shard.store.batch()
             for rid in self.dropped:
                 wb.delete("rows", u64(rid))
                 wb.delete("meta", keys.meta_deleted(rid))
             if wb.n:
                 shard.store.write(wb)
-            segfile.remove_segment(shard.segments_dir, self.segid)
         except Exception as e:
             if not shard.closed:
                 m._retry(f"removing dropped segment {self.segid}", e, self, m._merger)

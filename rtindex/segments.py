@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import FrozenBitMap
 
+from rtindex import segfile
+from rtindex.errors import CorruptionError
 from rtindex.segfile import SegmentFile
 
 EMPTY = FrozenBitMap()
@@ -41,6 +43,15 @@ class Segment:
         # the segment a merge turned this one into: a reader still holding this one keeps the
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
+
+
+def open_segment(directory: str, segid: int, descriptor: dict, shard_index: int) -> Segment:
+    """Map the file of the segment a descriptor (``{"base", "n"}``) names, checked against it."""
+    seg = Segment(segid, segfile.open_segment(directory, segid))
+    if (seg.base, seg.n) != (descriptor["base"], descriptor["n"]):
+        raise CorruptionError(f"shard {shard_index}: segment file {seg.file.path} holds rows {seg.base}+{seg.n}, "
+                              f"its descriptor says {descriptor['base']}+{descriptor['n']}")
+    return seg
 
 
 class MemSegment:

@@ -15,7 +15,6 @@ as of its last :meth:`Store.catch_up`).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Iterator

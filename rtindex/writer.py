@@ -33,7 +33,7 @@ from rtindex.keys import from_u64, u64
 from rtindex.maintenance import Maintenance
 from rtindex.notify import Signal
 from rtindex.rowcache import RowStoreCache
-from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View
+from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
 from rtindex.shard import SIGNAL_FILE, Shard
 from rtindex.storage import Store
 
@@ -71,7 +71,7 @@ class ShardWriter(Shard):
         self._log_seq = from_u64(raw_seq) if raw_seq else 0
         raw_gen = st.get("meta", keys.META_GENERATION)
         self._generation = from_u64(raw_gen) if raw_gen else 0
-        segs = self.load_segments(st, self.segments_dir, self.index)
+        segs = self._load_segments()
         self._next_segid = max((s.segid for s in segs), default=0) + 1
         self._collect_orphans(segs)
         sealed_end = segs[-1].base + segs[-1].n if segs else 0
@@ -99,20 +99,11 @@ class ShardWriter(Shard):
         views.append(View(MemSegment(builder, sealed_end), builder.n_rows, FrozenBitMap(deleted.get(sealed_end, EMPTY))))
         return ShardState(tuple(views), next_row)
 
-    @staticmethod
-    def load_segments(store: Store, directory: str, index: int) -> list[Segment]:
+    def _load_segments(self) -> list[Segment]:
         """The sealed segments the meta records name, with their files mapped, by base."""
-        segs = []
-        for k, v in store.scan("meta", keys.META_SEGMENT, keys.prefix_upper_bound(keys.META_SEGMENT)):
-            segid = from_u64(k[1:])
-            d = orjson.loads(v)
-            seg = Segment(segid, segfile.open_segment(directory, segid))
-            if (seg.base, seg.n) != (d["base"], d["n"]):
-                raise CorruptionError(f"shard {index}: segment file {seg.file.path} holds rows {seg.base}+{seg.n}, "
-                                      f"its descriptor says {d['base']}+{d['n']}")
-            segs.append(seg)
-        segs.sort(key=lambda s: s.base)
-        return segs
+        segs = [open_segment(self.segments_dir, from_u64(k[1:]), orjson.loads(v), self.index)
+                for k, v in self.store.scan("meta", keys.META_SEGMENT, keys.prefix_upper_bound(keys.META_SEGMENT))]
+        return sorted(segs, key=lambda s: s.base)
 
     def _index_rows(self, start: int, end: int):
         """A new builder holding rows ``start`` .. ``end - 1`` read back from the row store."""

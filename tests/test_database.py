@@ -255,12 +255,12 @@ def test_the_writer_lock_is_released_when_close_fails(tmp_path, monkeypatch):
     path = str(tmp_path / "db")
     db = rtindex.open(path)
     db.create_collection("c").ingest([{"_id": 1}])
-    stop = db._merger.stop
+    stop = db._runtime.merger.stop
 
     def broken():
         raise StorageError("merger would not stop (test)")
 
-    monkeypatch.setattr(db._merger, "stop", broken)
+    monkeypatch.setattr(db._runtime.merger, "stop", broken)
     with pytest.raises(StorageError, match="would not stop"):
         db.close()
     stop()

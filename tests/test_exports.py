@@ -4,7 +4,7 @@ import rtindex
 def test_public_names_are_pinned():
     assert sorted(rtindex.__all__) == [
         "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "IngestStats",
-        "ItemError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "Result", "RtindexError", "SchemaError",
+        "ItemError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "ReadOnlyError", "Result", "RtindexError", "SchemaError",
         "Snapshot", "SqlError", "StorageError", "UnsupportedSqlError", "open",
     ]
     for name in rtindex.__all__:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,6 @@ from rtindex.sql.execute import DuckEngine
 from rtindex.sql.parse import PlanCache, Query
 
 if TYPE_CHECKING:
-    from rtindex.database import Database
     from rtindex.snapshot import Snapshot
 
 # Cost model, in microseconds, from benchmarks/query.py --quick on the 2-core development
@@ -79,10 +78,11 @@ class Plan:
 
 
 class SqlEngine:
-    """SQL for one Database: the plan cache and the sandboxed DuckDB live here."""
+    """SQL for one Database: the plan cache and the sandboxed DuckDB live here. It reaches
+    collections only through ``lookup`` (a name -> Collection callable)."""
 
-    def __init__(self, db: "Database"):
-        self._db = db
+    def __init__(self, lookup: Callable[[str], Any]):
+        self._lookup = lookup
         self._plans = PlanCache()
         self._duck: DuckEngine | None = None
         self._lock = threading.Lock()
@@ -137,7 +137,7 @@ class _Execution:
             elif isinstance(leaf, (P.Compare, P.ArrayContains)):
                 self.bind(leaf.value)
         try:
-            coll = engine._db.collection(q.collection)
+            coll = engine._lookup(q.collection)
         except NotFoundError:
             raise SqlError(f"no collection {q.collection!r}", q.sql) from None
         self.snap: Snapshot = coll.snapshot()
