@@ -105,18 +105,26 @@ class Maintenance:
                 self._cv.wait(0.01)
 
     # ------------------------------------------------------------------ sealing
-    def seal_later(self, mem: MemSegment) -> None:
-        self._sealer.submit(lambda: self._seal(mem))
+    def seal_later(self) -> None:
+        """Seal the oldest rotated segment on the sealer thread (one call per rotation)."""
+        self._sealer.submit(self._seal_next)
 
-    def _seal(self, mem: MemSegment) -> None:
+    def _seal_next(self) -> None:
+        """Seal the oldest rotated in-memory segment. Always the oldest: segments must cover
+        row ids without holes, so one whose seal failed (and waits for its retry) is sealed
+        before any later one."""
         if self.shard.closed:
             return
+        with self._cv:
+            pending = [v.seg for v in self.shard.state.views[:-1] if not v.sealed]
+        if not pending:
+            return
         try:
-            self._seal_inner(mem)
+            self._seal_inner(pending[0])
         except Exception as e:
             if self.shard.closed:
                 return
-            self._retry("sealing a segment", e, lambda: self._seal(mem), self._sealer)
+            self._retry("sealing a segment", e, self._seal_next, self._sealer)
             return
         self._succeeded()
         self.maybe_merge()

@@ -20,6 +20,7 @@ import bisect
 import logging
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import replace
 
 import orjson
@@ -103,7 +104,14 @@ class ShardWriter(Shard):
         """The sealed segments the meta records name, with their files mapped, by base."""
         segs = [open_segment(self.segments_dir, from_u64(k[1:]), orjson.loads(v), self.index)
                 for k, v in self.store.scan("meta", keys.META_SEGMENT, keys.prefix_upper_bound(keys.META_SEGMENT))]
-        return sorted(segs, key=lambda s: s.base)
+        segs.sort(key=lambda s: s.base)
+        end = 0
+        for s in segs:  # they tile the row ids from 0: a hole would make rows vanish
+            if s.base != end:
+                raise CorruptionError(f"shard {self.index}: segment {s.segid} starts at row {s.base}, "
+                                      f"the segments before it end at row {end}")
+            end = s.base + s.n
+        return segs
 
     def _index_rows(self, start: int, end: int):
         """A new builder holding rows ``start`` .. ``end - 1`` read back from the row store."""
@@ -155,12 +163,20 @@ class ShardWriter(Shard):
             self._state = ShardState(views, state.next_row_id)
         self._broken_builder = False
 
-    def _write(self, wb, what: str) -> None:
+    @contextmanager
+    def _failing(self, what: str):
+        """A StorageError inside names this shard and says that nothing of ``what`` was
+        stored; the builder is rebuilt if indexing had begun (now, or before the next write)."""
         try:
-            self.store.write(wb)
+            yield
         except StorageError as e:
+            if self._broken_builder:
+                try:
+                    self._rebuild_builder()
+                except StorageError:
+                    pass  # rebuilt before the next write instead
             raise StorageError(f"shard {self.index} of {os.path.dirname(self.path)}: {what} failed, nothing "
-                               f"of it was stored: {e.__cause__ or e}") from e
+                               f"of it was stored: {e}") from e
 
     def put_many(self, items: list[tuple[int, bytes, dict, bytes]]) -> list[tuple[int, SchemaError]]:
         """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
@@ -169,7 +185,7 @@ class ShardWriter(Shard):
         Raises StorageError (and stores nothing) when the write fails.
         """
         errors: list[tuple[int, SchemaError]] = []
-        with self._write_lock:
+        with self._write_lock, self._failing(f"writing {len(items)} documents"):
             self._check_writable()
             self._rotate_if_full()
             state = self._state
@@ -205,16 +221,9 @@ class ShardWriter(Shard):
                 self._broken_builder = False
                 return errors
             wb.put("meta", keys.META_NEXT_ROW, u64(next_row))
-            self._log(wb, dels)
-            try:
-                self._write(wb, f"writing {next_row - state.next_row_id} documents")
-            except StorageError:
-                self._log_seq -= 1 if dels else 0
-                try:
-                    self._rebuild_builder()
-                except StorageError:
-                    pass  # rebuilt before the next write instead
-                raise
+            seq = self._log(wb, dels)
+            self.store.write(wb)
+            self._log_seq = seq
             self._broken_builder = False
             self._publish(state, next_row, dels)
         return errors
@@ -237,21 +246,22 @@ class ShardWriter(Shard):
                         offsets.append(-1)
         return offsets
 
-    def _log(self, wb, dels: list[int]) -> None:
+    def _log(self, wb, dels: list[int]) -> int:
         """Add a change log record of ``dels`` to ``wb`` (readers in other processes learn
-        deletes from it), trimming old records now and then."""
+        deletes from it), trimming old records now and then; returns the log sequence as of
+        this write (the caller keeps it once the write succeeded)."""
         if not dels:
-            return
-        self._log_seq += 1
-        seq = self._log_seq
+            return self._log_seq
+        seq = self._log_seq + 1
         wb.put("meta", keys.meta_log(seq), keys.pack_u64s(dels))
         wb.put("meta", keys.META_LOG_SEQ, u64(seq))
         if seq % LOG_TRIM_EVERY == 0 and seq > LOG_KEEP:
             wb.delete_range("meta", keys.meta_log(0), keys.meta_log(seq - LOG_KEEP))
+        return seq
 
     def delete_many(self, id_keys: list[bytes]) -> list[bool]:
         """Delete documents by id key; returns whether each existed."""
-        with self._write_lock:
+        with self._write_lock, self._failing(f"deleting {len(id_keys)} documents"):
             self._check_writable()
             state = self._state
             old = self.store.multi_get("ids", id_keys)
@@ -268,12 +278,9 @@ class ShardWriter(Shard):
                 wb.put("meta", keys.meta_deleted(prev), b"")
                 wb.delete("ids", id_key)
             if dels:
-                self._log(wb, dels)
-                try:
-                    self._write(wb, f"deleting {len(dels)} documents")
-                except StorageError:
-                    self._log_seq -= 1
-                    raise
+                seq = self._log(wb, dels)
+                self.store.write(wb)
+                self._log_seq = seq
                 self._publish(state, state.next_row_id, dels)
             return found
 
@@ -315,9 +322,8 @@ class ShardWriter(Shard):
 
     def _rotated(self, state: ShardState) -> ShardState:
         """``state`` with a fresh active builder; the full one goes to the sealer."""
-        full = state.views[-1].seg
         fresh = View(MemSegment(SegmentBuilder(self.config.max_depth), state.next_row_id), 0, EMPTY)
-        self.maintenance.seal_later(full)
+        self.maintenance.seal_later()
         return ShardState(state.views + (fresh,), state.next_row_id)
 
     def seal_now(self) -> None:
