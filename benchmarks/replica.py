@@ -158,9 +158,8 @@ def writer_main(path: str, opts: dict, ready: Any, go: Any, done: Any, latest: A
         import orjson
 
         import rtindex
-        from rtindex import datagen
-
         from benchmarks.ingest import generating_input
+        from rtindex import datagen
 
         with generating_input():
             pool = list(datagen.rockbench_events(opts["pool"], seed=opts["seed"], start_id=0))
@@ -277,19 +276,21 @@ def _open_reader(path: str, timeout: float) -> tuple[Any, Any]:
             time.sleep(0.01)
 
 
-def _lag_fields(stats: Any, prefix: str = "") -> dict:
-    """Every ``*lag*`` / ``*behind*`` number in ``db.stats()``, flattened."""
+def _lag_fields(stats: Any, prefix: str = "", inside: bool = False) -> dict:
+    """Every number in ``db.stats()`` under a ``*lag*`` / ``*behind*`` key (``stats()["lag"]``
+    is ``{"rows": .., "ms": ..}``, and so is each shard's), flattened."""
     out: dict[str, Any] = {}
     if isinstance(stats, dict):
         for k, v in stats.items():
             name = f"{prefix}{k}"
+            hit = inside or "lag" in str(k) or "behind" in str(k)
             if isinstance(v, (dict, list)):
-                out.update(_lag_fields(v, name + "."))
-            elif ("lag" in str(k) or "behind" in str(k)) and isinstance(v, (int, float)):
+                out.update(_lag_fields(v, name + ".", hit))
+            elif hit and isinstance(v, (int, float)) and not isinstance(v, bool):
                 out[name] = v
     elif isinstance(stats, list):
         for i, v in enumerate(stats):
-            out.update(_lag_fields(v, f"{prefix}{i}."))
+            out.update(_lag_fields(v, f"{prefix}{i}.", inside))
     return out
 
 

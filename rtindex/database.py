@@ -448,12 +448,12 @@ class Database:
 
     def close(self) -> None:
         """Finish background work and close every shard. Idempotent."""
+        if self._follower is not None:  # before the lock: the follower takes it
+            self._follower.stop()
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            if self._follower is not None:
-                self._follower.stop()
             errors = []
             for coll in self._collections.values():
                 try:

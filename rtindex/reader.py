@@ -12,7 +12,7 @@ The reader opens the shard's RocksDB as a secondary instance and, on each refres
    the segment files and its own in-memory rows above it (rows both hold are masked out of
    the in-memory copy until it is dropped).
 
-Every state is a prefix of the writer's acknowledged batches: the rows, the deletes and the
+Every state of a shard is a prefix of the writer's batches on it: the rows, the deletes and the
 next row id of a batch are one RocksDB write, and one refresh sees all of it or none of it.
 Refreshes are cheap when nothing changed: the writer bumps a counter in a shared-memory file
 (rtindex/notify.py) after each write, and a reader catches up only the shards whose counter
@@ -87,14 +87,19 @@ class ShardReader(Shard):
         """How far behind the writer this replica is: rows it has not indexed yet (as the
         writer last signalled) and milliseconds since the newest write it surely has."""
         counter, writer_next, _ = self._watch.read()
-        if counter == self._applied:
+        if counter == self._applied and writer_next <= self._state.next_row_id:
             return {"rows": 0, "ms": 0.0}
         return {"rows": max(writer_next - self._state.next_row_id, 0),
                 "ms": max((time.time() - self._applied_at) * 1000.0, 0.0)}
 
     def _meta_u64(self, key: bytes) -> int:
-        raw = self.store.get("meta", key)
-        return from_u64(raw) if raw else 0
+        """A u64 meta record, read with an iterator: on a RocksDB secondary a point Get of a
+        key the writer overwrites can keep returning an old value from a stale memtable after
+        the writer flushed (facebook/rocksdb#15051; reproduced here in 2-3 of 8 rounds), while
+        an iterator sees the current one."""
+        for _, raw in self.store.scan("meta", key, key + b"\0"):
+            return from_u64(raw)
+        return 0
 
     def _apply(self) -> bool:
         st = self.store

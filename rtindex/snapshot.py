@@ -102,8 +102,17 @@ class Snapshot:
         return sum(st.count() for st in self.states)
 
     def _collect(self, rows_of) -> Postings:
-        """Postings of ``rows_of(shard, view)`` (a BitMap of offsets) over every view."""
-        return Postings(self, {(i, v.base): rows_of(self._shards[i], v) for i, v in self._views()})
+        """Postings of ``rows_of(shard, view)`` (a BitMap of offsets) over every view.
+
+        Two views of a shard can share a base (a read replica's in-memory copy of rows that
+        the writer has since sealed, masked, starts where the sealed segment does): their
+        offsets name the same row ids, so they are united, never overwritten."""
+        parts: dict[tuple[int, int], BitMap] = {}
+        for i, v in self._views():
+            bm = rows_of(self._shards[i], v)
+            k = (i, v.base)
+            parts[k] = parts[k] | bm if k in parts else bm
+        return Postings(self, parts)
 
     # -- lookups ------------------------------------------------------------
     def all(self) -> Postings:
