@@ -186,34 +186,35 @@ class ShardReader(Shard):
             self._upto = sealed_end
         if self._upto == next_row:
             return
-        expect = self._upto
-        batch: list[dict] = []
-        for k, v in self.store.scan("rows", u64(self._upto), u64(next_row)):
-            rid = from_u64(k)
-            if rid != expect:
-                raise StorageError(f"shard {self.index} of {self.path}: row {expect} is missing from the row "
-                                   f"store while the writer says rows end at {next_row}")
-            batch.append(orjson.loads(v))
-            expect += 1
-        if expect != next_row:
-            raise StorageError(f"shard {self.index} of {self.path}: rows end at {expect}, the writer says {next_row}")
+        # decoded and indexed in small chunks as they are read: a document dies right after it
+        # is indexed (holding a whole refresh's documents alive made the cyclic GC traverse
+        # them again and again: orjson.loads measured 36 us per event that way, 10 us without)
         seal_rows = self.config.seal_rows
-        i = 0
-        while i < len(batch):
+        loads = orjson.loads
+        expect = self._upto
+        rows = self.store.scan("rows", u64(self._upto), u64(next_row))
+        while expect < next_row:
             mem = self._mems[-1]
-            b = mem.builder
-            if b.n_rows >= seal_rows:  # bounded builders, like the writer's
-                mem = MemSegment(SegmentBuilder(self.config.max_depth), mem.base + b.n_rows)
+            if mem.builder.n_rows >= seal_rows:  # bounded builders, like the writer's
+                mem = MemSegment(SegmentBuilder(self.config.max_depth), mem.base + mem.builder.n_rows)
                 self._mems.append(mem)
-                # the new builder is the active one: publish a state where it is last, so
-                # readers of the full one stop locking it
-                b = mem.builder
-            chunk = batch[i : i + min(32, seal_rows - b.n_rows)]
+            b = mem.builder
+            chunk = []
+            for k, v in rows:
+                if from_u64(k) != expect:
+                    raise StorageError(f"shard {self.index} of {self.path}: row {expect} is missing from the "
+                                       f"row store while the writer says rows end at {next_row}")
+                chunk.append(loads(v))
+                expect += 1
+                if len(chunk) == 32 or b.n_rows + len(chunk) >= seal_rows:
+                    break
+            if not chunk:
+                raise StorageError(f"shard {self.index} of {self.path}: rows end at {expect}, "
+                                   f"the writer says {next_row}")
             with self._mem_lock:
                 for doc in chunk:
                     b.add(doc)
-            i += len(chunk)
-        self._upto = next_row
+            self._upto = expect  # a failure after this resumes here (the builder has these rows)
 
     def close(self) -> None:
         with self._refresh_lock:
