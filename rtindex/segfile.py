@@ -124,17 +124,13 @@ def write_segment(directory: str, segid: int, base: int, n: int, live: FrozenBit
             os.fsync(f.fileno())
         os.replace(tmp, final)
         _fsync_dir(directory)
-    except OSError as e:
+    except BaseException as e:  # no partial file left behind, whatever went wrong
         try:
             os.remove(tmp)
         except OSError:
             pass
-        raise StorageError(f"cannot write segment file {final}: {e}") from e
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+        if isinstance(e, OSError):
+            raise StorageError(f"cannot write segment file {final}: {e}") from e
         raise
     return open_segment(directory, segid)
 
