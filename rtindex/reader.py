@@ -216,6 +216,13 @@ class ShardReader(Shard):
                     b.add(doc)
             self._upto = expect  # a failure after this resumes here (the builder has these rows)
 
+    def _missing_rows(self, row_ids: list[int]) -> None:
+        """A replica's state older than the writer's ``reader_grace_seconds`` can show rows
+        whose clean-up has run since: a clean error, never a wrong answer."""
+        raise StorageError(f"shard {self.index} of {self.path}: rows {row_ids[:5]} were removed by the writer "
+                           f"while this read was using an older state (a snapshot kept longer than the writer's "
+                           f"reader_grace_seconds): run the read again")
+
     def close(self) -> None:
         with self._refresh_lock:
             self.closed = True

@@ -175,8 +175,15 @@ class Shard:
         shared objects, read-only."""
         return self._rows.rows(self._row_cache_id, row_ids, self._read_rows)
 
-    def _read_rows(self, row_ids: list[int]) -> list[bytes | None]:
-        return self.store.multi_get("rows", [u64(r) for r in row_ids])
+    def _read_rows(self, row_ids: list[int]) -> list[bytes]:
+        raws = self.store.multi_get("rows", [u64(r) for r in row_ids])
+        if None in raws:  # only rows a state shows are asked for: each must be there
+            self._missing_rows([r for r, raw in zip(row_ids, raws) if raw is None])
+        return raws
+
+    def _missing_rows(self, row_ids: list[int]) -> None:
+        raise CorruptionError(f"shard {self.index} of {self.path}: rows {row_ids[:5]} are visible in the index "
+                              f"but missing from the row store")
 
     def column_tags(self, view: View, path_key: bytes) -> set[int]:
         """Type tags with a column-store value for the encoded path in ``view`` (array

@@ -129,8 +129,8 @@ def pair(tmp_path):
     w = rtindex.open(path, seal_rows=50, merge_factor=2, reader_grace_seconds=0)
     opened = [w]
 
-    def open_reader():
-        r = rtindex.open(path, role="reader")
+    def open_reader(**options):
+        r = rtindex.open(path, role="reader", **options)
         opened.append(r)
         return r
 
@@ -193,6 +193,27 @@ def test_reader_follows_writer_in_process(pair):
     r.refresh()
     assert [doc["_id"] for doc in content(r["d"]).values()] == ["only"]
     same_reads(w, r)
+
+
+def test_a_snapshot_older_than_the_grace_period_fails_cleanly(pair):
+    """With reader_grace_seconds=0 the writer deletes the rows a merge dropped at once; a
+    reader snapshot taken before still shows them: fetching them is a StorageError that says
+    to run the read again, never missing or wrong rows."""
+    w, open_reader = pair
+    c = w.create_collection("c", shards=1)
+    c.ingest([{"_id": i, "v": 0} for i in range(50)])
+    c.flush()
+    r = open_reader(row_cache_bytes=0)  # every fetch reads the row store
+    snap = r["c"].snapshot()
+    assert len(snap.fetch(snap.all())) == 50
+    c.ingest([{"_id": i, "v": 1} for i in range(50)])  # every old row replaced
+    c.flush()
+    w._runtime.merger.wait_idle()  # the merge of the all-deleted segment and its clean-up
+    r.refresh()
+    fresh = r["c"].snapshot()
+    assert [d["v"] for d in fresh.fetch(fresh.all())] == [1] * 50
+    with pytest.raises(rtindex.StorageError, match="run the read again"):
+        snap.fetch(snap.all())
 
 
 def test_reader_refuses_writes(pair):
