@@ -275,17 +275,8 @@ class Database:
                     raise StorageError(f"cannot create {self._coll_path('')}: {e}") from e
                 _write_json_atomic(os.path.join(self.path, MARKER),
                                    {"format": FORMAT, "created_by": f"rtindex {_version()}"})
-            try:
-                names = sorted(os.listdir(os.path.join(self.path, COLLECTIONS_DIR)))
-            except FileNotFoundError:
-                raise CorruptionError(f"database {self.path} has {MARKER} but no {COLLECTIONS_DIR}/ directory; "
-                                      f"restore it from a backup") from None
-            except OSError as e:
-                raise StorageError(f"cannot list {self._coll_path('')}: {e}") from e
-            for name in names:
-                # a directory without a manifest is what a crashed create or drop leaves: no collection
-                if os.path.exists(os.path.join(self._coll_path(name), MANIFEST)):
-                    self._open_collection(name)
+            for name in self._collections_on_disk():
+                self._open_collection(name)
         except BaseException:
             self.close()
             raise
@@ -293,8 +284,6 @@ class Database:
     def _open_reader(self) -> None:
         """A live read replica: every collection's shards opened as RocksDB secondaries, and a
         thread that keeps them caught up with the writer (rtindex/follower.py)."""
-        if not os.path.isdir(os.path.join(self.path, COLLECTIONS_DIR)):
-            raise CorruptionError(f"database {self.path} has {MARKER} but no {COLLECTIONS_DIR}/ directory")
         self._runtime.secondary_root = tempfile.mkdtemp(prefix="rtindex-reader-")
         try:
             self._follower = Follower(self)
@@ -322,6 +311,19 @@ class Database:
         if self.role == "reader":
             raise ReadOnlyError(f"database {self.path} is opened with role=\"reader\": create and drop "
                                 "collections through its writer")
+
+    def _collections_on_disk(self) -> list[str]:
+        """Names of the collections in the directory, sorted: the directories with a manifest
+        (one without is what a crashed create or drop leaves: no collection)."""
+        root = os.path.join(self.path, COLLECTIONS_DIR)
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            raise CorruptionError(f"database {self.path} has {MARKER} but no {COLLECTIONS_DIR}/ directory; "
+                                  f"restore it from a backup") from None
+        except OSError as e:
+            raise StorageError(f"cannot list {root}: {e}") from e
+        return sorted(n for n in names if os.path.exists(os.path.join(root, n, MANIFEST)))
 
     def _coll_path(self, name: str) -> str:
         return os.path.join(self.path, COLLECTIONS_DIR, name)

@@ -11,7 +11,6 @@ the replica serves its last good state meanwhile.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -78,10 +77,9 @@ class Follower:
         """Open collections the writer created, close the ones it dropped. ``strict`` (at
         open) raises what fails; later a collection that fails to open is tried again."""
         db = self._db
-        root = os.path.join(db.path, "collections")
         try:
-            on_disk = {n for n in os.listdir(root) if os.path.exists(os.path.join(root, n, "collection.json"))}
-        except OSError:
+            on_disk = set(db._collections_on_disk())
+        except Exception:
             if strict:
                 raise
             return
