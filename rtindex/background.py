@@ -68,18 +68,18 @@ class Worker:
                     self._running -= 1
                     self._cv.notify_all()
 
-    def wait_idle(self, timeout: float | None = None, horizon: float = 0.0) -> bool:
-        """Block until no task is running and none is due within ``horizon`` seconds
-        (tasks delayed further, like a retry after a failure, are not waited for)."""
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no task is running and none is due (tasks delayed into the future,
+        like a retry after a failure, are not waited for)."""
         def idle() -> bool:
-            return self._running == 0 and not (self._heap and self._heap[0][0] <= time.monotonic() + horizon)
+            return self._running == 0 and not (self._heap and self._heap[0][0] <= time.monotonic())
 
         with self._cv:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not idle():
                 wait = None
                 if self._heap and self._running == 0:
-                    wait = max(self._heap[0][0] - time.monotonic() - horizon, 0.001)
+                    wait = max(self._heap[0][0] - time.monotonic(), 0.001)
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:

@@ -19,6 +19,8 @@ import struct
 import time
 
 _LAYOUT = struct.Struct("=QQd")
+_COUNT = struct.Struct("=Q")
+_ROW_TIME = struct.Struct("=Qd")
 SIZE = _LAYOUT.size
 
 
@@ -37,9 +39,10 @@ class Signal:
 
     def bump(self, next_row: int) -> None:
         self._count += 1
-        # the counter last: a reader that sees it changed reads a matching row count
-        _LAYOUT.pack_into(self._mm, 0, 0, next_row, time.time())
-        struct.pack_into("=Q", self._mm, 0, self._count)
+        # the counter last (and never anything else there): a reader that sees it changed
+        # reads a matching row count
+        _ROW_TIME.pack_into(self._mm, 8, next_row, time.time())
+        _COUNT.pack_into(self._mm, 0, self._count)
 
     def close(self) -> None:
         self._mm.close()
