@@ -22,6 +22,7 @@ moved (and every shard now and then, in case a signal was missed).
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import threading
 import time
@@ -32,7 +33,7 @@ from pyroaring import BitMap, FrozenBitMap
 from rtindex import keys
 from rtindex._impl import SegmentBuilder
 from rtindex.errors import CorruptionError, StorageError
-from rtindex.keys import from_u64, u64
+from rtindex.keys import from_u64
 from rtindex.notify import Watch
 from rtindex.rowcache import RowStoreCache
 from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
@@ -91,15 +92,6 @@ class ShardReader(Shard):
             return {"rows": 0, "ms": 0.0}
         return {"rows": max(writer_next - self._state.next_row_id, 0),
                 "ms": max((time.time() - self._applied_at) * 1000.0, 0.0)}
-
-    def _meta_u64(self, key: bytes) -> int:
-        """A u64 meta record, read with an iterator: on a RocksDB secondary a point Get of a
-        key the writer overwrites can keep returning an old value from a stale memtable after
-        the writer flushed (facebook/rocksdb#15051; reproduced here in 2-3 of 8 rounds), while
-        an iterator sees the current one."""
-        for _, raw in self.store.scan("meta", key, key + b"\0"):
-            return from_u64(raw)
-        return 0
 
     def _apply(self) -> bool:
         st = self.store
@@ -190,31 +182,18 @@ class ShardReader(Shard):
         # is indexed (holding a whole refresh's documents alive made the cyclic GC traverse
         # them again and again: orjson.loads measured 36 us per event that way, 10 us without)
         seal_rows = self.config.seal_rows
-        loads = orjson.loads
-        expect = self._upto
-        rows = self.store.scan("rows", u64(self._upto), u64(next_row))
-        while expect < next_row:
+        docs = self._decoded_rows(self._upto, next_row)
+        while self._upto < next_row:
             mem = self._mems[-1]
             if mem.builder.n_rows >= seal_rows:  # bounded builders, like the writer's
                 mem = MemSegment(SegmentBuilder(self.config.max_depth), mem.base + mem.builder.n_rows)
                 self._mems.append(mem)
             b = mem.builder
-            chunk = []
-            for k, v in rows:
-                if from_u64(k) != expect:
-                    raise StorageError(f"shard {self.index} of {self.path}: row {expect} is missing from the "
-                                       f"row store while the writer says rows end at {next_row}")
-                chunk.append(loads(v))
-                expect += 1
-                if len(chunk) == 32 or b.n_rows + len(chunk) >= seal_rows:
-                    break
-            if not chunk:
-                raise StorageError(f"shard {self.index} of {self.path}: rows end at {expect}, "
-                                   f"the writer says {next_row}")
+            chunk = list(itertools.islice(docs, min(32, seal_rows - b.n_rows, next_row - self._upto)))
             with self._mem_lock:
                 for doc in chunk:
                     b.add(doc)
-            self._upto = expect  # a failure after this resumes here (the builder has these rows)
+            self._upto += len(chunk)  # a failure after this resumes here (the builder has these rows)
 
     def _missing_rows(self, row_ids: list[int]) -> None:
         """A replica's state older than the writer's ``reader_grace_seconds`` can show rows

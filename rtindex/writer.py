@@ -66,12 +66,9 @@ class ShardWriter(Shard):
     def _recover(self) -> ShardState:
         """Load sealed segments and deletes; re-index rows that were only in memory."""
         st = self.store
-        raw_next = st.get("meta", keys.META_NEXT_ROW)
-        next_row = from_u64(raw_next) if raw_next else 0
-        raw_seq = st.get("meta", keys.META_LOG_SEQ)
-        self._log_seq = from_u64(raw_seq) if raw_seq else 0
-        raw_gen = st.get("meta", keys.META_GENERATION)
-        self._generation = from_u64(raw_gen) if raw_gen else 0
+        next_row = self._meta_u64(keys.META_NEXT_ROW)
+        self._log_seq = self._meta_u64(keys.META_LOG_SEQ)
+        self._generation = self._meta_u64(keys.META_GENERATION)
         segs = self._load_segments()
         self._next_segid = max((s.segid for s in segs), default=0) + 1
         self._collect_orphans(segs)
@@ -116,15 +113,8 @@ class ShardWriter(Shard):
     def _index_rows(self, start: int, end: int):
         """A new builder holding rows ``start`` .. ``end - 1`` read back from the row store."""
         builder = SegmentBuilder(self.config.max_depth)
-        expect = start
-        for k, v in self.store.scan("rows", u64(start), u64(end)):
-            rid = from_u64(k)
-            if rid != expect:
-                raise CorruptionError(f"shard {self.index}: row {rid} found where row {expect} was expected")
-            builder.add(orjson.loads(v))
-            expect += 1
-        if expect != end:
-            raise CorruptionError(f"shard {self.index}: rows end at {expect}, next row id is {end}")
+        for doc in self._decoded_rows(start, end):
+            builder.add(doc)
         return builder
 
     def _collect_orphans(self, segs: list[Segment]) -> None:
