@@ -70,6 +70,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.ingest import log  # noqa: E402
+
 MB = 1e6
 TARGET_P50_MS = 2.0
 TARGET_P99_MS = 10.0
@@ -114,10 +116,6 @@ def last_ack(latest: Any) -> tuple[int, int, float, int]:
             return -1, -1, 0.0, 0
         i = _ring(b)
         return b, int(latest[i]), latest[i + 1], int(latest[_ACKED_DOCS])
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def percentile(sorted_vals: list[float], q: float) -> float | None:
