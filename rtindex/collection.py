@@ -12,6 +12,7 @@ import jsonpatch
 from rtindex import documents
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import ClosedError, CorruptionError, NotFoundError, ReadOnlyError, SchemaError
+from rtindex.fence import Fence
 from rtindex.runtime import Runtime
 from rtindex.shard import Shard
 from rtindex.snapshot import Snapshot
@@ -33,6 +34,8 @@ class IngestStats:
     seconds: float = 0.0
     ids: list = field(default_factory=list)  # _id of each stored document, once, in order of first appearance
     errors: list[ItemError] = field(default_factory=list)  # documents not stored, and why
+    replaced: list[int] = field(default_factory=list)  # input positions of documents that replaced a stored version
+    fence: str = ""  # write fence covering this call (Database.wait_for in a reader process)
 
     def __repr__(self) -> str:
         return (f"IngestStats(n={self.n}, bytes={self.bytes}, seconds={self.seconds:.3f}, "
@@ -65,13 +68,17 @@ def _check_shard_exists(name: str, shard_path: str, n_shards: int) -> None:
 class Collection:
     """A handle on one collection; get it from ``db.create_collection()`` or ``db[name]``."""
 
-    def __init__(self, runtime: Runtime, name: str, path: str, n_shards: int, *, create: bool = False):
+    def __init__(self, runtime: Runtime, name: str, path: str, n_shards: int, *, created: int = 0,
+                 create: bool = False):
         """``create`` is True only from Database.create_collection: only then may shards be
         made. Opening an existing collection first checks that every shard its manifest lists
         is there, because opening a missing one would silently make a fresh, empty shard (and
-        its documents would be gone without a word)."""
+        its documents would be gone without a word). ``created`` is the creation stamp from
+        the manifest (nanoseconds; 0 for collections made before it was recorded): write
+        fences carry it."""
         self._runtime = runtime
         self.name = name
+        self.created = created
         self.path = path
         self.n_shards = n_shards
         self._limits = runtime.limits
@@ -134,6 +141,8 @@ class Collection:
         stats.ids = [doc_id for doc_id, _ in written.values()]
         stats.n = len(written)
         stats.bytes = sum(size for _, size in written.values())
+        stats.replaced.sort()
+        stats.fence = self.fence()
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -158,8 +167,10 @@ class Collection:
             per_shard[documents.shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
         for shard, items in zip(self._shards, per_shard):
             if items:
-                for idx, e in shard.put_many(items):
+                errors, replaced = shard.put_many(items)
+                for idx, e in errors:
                     stats.errors.append(ItemError(idx, stored.pop(idx)[0], e.path, e.message))
+                stats.replaced.extend(replaced)
         for idx in sorted(stored):  # input order: of two versions of an _id, the later one is stored
             doc_id, id_key, size = stored[idx]
             written[id_key] = (doc_id, size)
@@ -201,10 +212,17 @@ class Collection:
             if new.get("_event_time") is None:
                 new["_event_time"] = doc["_event_time"]
             _, _, d, raw = documents.prepare(new, self._limits, documents.now_us())
-            errors = shard.put_many([(0, id_key, d, raw)])
+            errors, _ = shard.put_many([(0, id_key, d, raw)])
             if errors:
                 raise errors[0][1]
             return d
+
+    def fence(self) -> str:
+        """A write fence covering every write to this collection acknowledged so far: give
+        it to ``Database.wait_for`` (or the service's ``min_fence``) in a reader process to
+        read your writes there. In a reader, the writes it sees so far."""
+        self._check()
+        return str(Fence(self.name, self.created, tuple(s.change_count for s in self._shards)))
 
     def flush(self) -> None:
         """Seal every in-memory segment and wait for background sealing and merging.

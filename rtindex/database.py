@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -23,6 +24,7 @@ import orjson
 from rtindex.background import Worker
 from rtindex.collection import Collection
 from rtindex.documents import Limits
+from rtindex.fence import Fence
 from rtindex.follower import Follower
 from rtindex.result import Result
 from rtindex.rowcache import RowStoreCache
@@ -91,6 +93,12 @@ def _read_json(path: str, what: str) -> dict:
         raise CorruptionError(f"{what} {path} holds {type(obj).__name__}, not a JSON object; "
                               "restore it from a backup")
     return obj
+
+
+def _created(manifest: dict) -> int:
+    """A manifest's creation stamp (ns); 0 for collections made before it was recorded."""
+    created = manifest.get("created", 0)
+    return created if isinstance(created, int) and created >= 0 else 0
 
 
 def _read_manifest(path: str) -> dict:
@@ -331,9 +339,17 @@ class Database:
     def _open_collection(self, name: str) -> Collection:
         path = self._coll_path(name)
         manifest = _read_manifest(path)
-        coll = Collection(self._runtime, name, path, manifest["shards"], create=False)
+        coll = Collection(self._runtime, name, path, manifest["shards"], created=_created(manifest), create=False)
         self._collections[name] = coll
         return coll
+
+    def _created_on_disk(self, name: str) -> int | None:
+        """The creation stamp of the collection's manifest now on disk; None when it cannot
+        be read (mid-drop or mid-create: the next look decides)."""
+        try:
+            return _created(_read_manifest(self._coll_path(name)))
+        except StorageError:  # CorruptionError too
+            return None
 
     def _manifest(self, name: str) -> dict:
         """The manifest of an open collection, as on disk (the demo reads its mark here)."""
@@ -368,9 +384,11 @@ class Database:
                 raise StorageError(f"cannot create the collection directory {path}: {e}") from e
             # shards first, manifest last: the manifest says "these shards exist", so once it
             # is there a missing shard is corruption (see Collection), never a crash in here
-            coll = Collection(self._runtime, name, path, shards, create=True)
+            created = time.time_ns()
+            coll = Collection(self._runtime, name, path, shards, created=created, create=True)
             try:
-                _write_json_atomic(os.path.join(path, MANIFEST), {**(extra or {}), "shards": shards, "format": FORMAT})
+                _write_json_atomic(os.path.join(path, MANIFEST),
+                                   {**(extra or {}), "shards": shards, "format": FORMAT, "created": created})
             except BaseException:
                 coll._close()
                 shutil.rmtree(path, ignore_errors=True)
@@ -440,6 +458,29 @@ class Database:
             out["lag"] = {"rows": sum(x["rows"] for x in shards), "ms": max((x["ms"] for x in shards), default=0.0)}
             out["follow_error"] = self._follower.last_error
         return out
+
+    def caught_up(self, fence: str) -> bool:
+        """Whether reads started now see every write the fence covers (see
+        :meth:`Collection.fence`). Always true in the writer process; in a reader, false
+        until it has followed the writer that far (or learned of the collection)."""
+        self._check()
+        f = Fence.parse(fence)
+        coll = self._collections.get(f.collection)
+        if coll is None or coll.created < f.created:
+            return False  # not followed yet (a newer collection than this replica knows)
+        if coll.created > f.created or len(coll._shards) != len(f.counters):
+            return True  # the fenced collection was dropped: nothing of it left to wait for
+        return all(s.change_count >= c for s, c in zip(coll._shards, f.counters))
+
+    def wait_for(self, fence: str, timeout: float = 10.0) -> bool:
+        """Block until :meth:`caught_up` (True), or ``timeout`` seconds pass (False): how a
+        reader process reads the writes another process acknowledged."""
+        deadline = time.monotonic() + timeout
+        while not self.caught_up(fence):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0005)
+        return True
 
     def refresh(self) -> None:
         """A reader: catch up with the writer now (reads started after this returns see every

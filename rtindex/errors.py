@@ -46,6 +46,10 @@ class AlreadyExistsError(RtindexError, ValueError):
     """create_collection() on a name that is taken."""
 
 
+class FenceError(RtindexError, ValueError):
+    """A write fence string that no rtindex writer made (see rtindex/fence.py)."""
+
+
 class SchemaError(RtindexError, ValueError):
     """A document that cannot be stored; ``path`` says where, like ``$.a[3].b``."""
 

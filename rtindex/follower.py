@@ -84,6 +84,10 @@ class Follower:
                 raise
             return
         with db._lock:
+            for name in sorted(set(db._collections) & on_disk):
+                # dropped and made again since the last pass: the same name, other shards
+                if db._created_on_disk(name) not in (None, db._collections[name].created):
+                    on_disk.discard(name)  # closed below, reopened on the next pass
             for name in sorted(set(db._collections) - on_disk):
                 coll = db._collections.pop(name)
                 coll._close()

@@ -37,6 +37,12 @@ class Signal:
             os.close(fd)
         self._count = _LAYOUT.unpack_from(self._mm)[0]
 
+    @property
+    def count(self) -> int:
+        """The counter as of the last bump: a reader that applied this value has every
+        change made before it (the write fences of rtindex/fence.py are made of these)."""
+        return self._count
+
     def bump(self, next_row: int) -> None:
         self._count += 1
         # the counter last (and never anything else there): a reader that sees it changed

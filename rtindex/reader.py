@@ -84,6 +84,12 @@ class ShardReader(Shard):
             self._applied_at = started
             return changed
 
+    @property
+    def change_count(self) -> int:
+        """The writer's change counter as of the last refresh: every change it counted up
+        to here is visible (see rtindex/fence.py)."""
+        return self._applied
+
     def lag(self) -> dict:
         """How far behind the writer this replica is: rows it has not indexed yet (as the
         writer last signalled) and milliseconds since the newest write it surely has."""

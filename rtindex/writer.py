@@ -168,13 +168,17 @@ class ShardWriter(Shard):
             raise StorageError(f"shard {self.index} of {os.path.dirname(self.path)}: {what} failed, nothing "
                                f"of it was stored: {e}") from e
 
-    def put_many(self, items: list[tuple[int, bytes, dict, bytes]]) -> list[tuple[int, SchemaError]]:
+    def put_many(self, items: list[tuple[int, bytes, dict, bytes]]
+                 ) -> tuple[list[tuple[int, SchemaError]], list[int]]:
         """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
 
-        Returns the per-item indexing errors; every other item is durable when this returns.
-        Raises StorageError (and stores nothing) when the write fails.
+        Returns the per-item indexing errors, and the caller indices of the items that
+        replaced a stored document (or an earlier item of the same call); every other item
+        is new. All of them are durable when this returns. Raises StorageError (and stores
+        nothing) when the write fails.
         """
         errors: list[tuple[int, SchemaError]] = []
+        replaced: list[int] = []
         with self._write_lock, self._failing(f"writing {len(items)} documents"):
             self._check_writable()
             self._rotate_if_full()
@@ -201,6 +205,7 @@ class ShardWriter(Shard):
                 if prev is None and prev_raw is not None:
                     prev = from_u64(prev_raw)
                 if prev is not None:
+                    replaced.append(idx)
                     dels.append(prev)
                     put("meta", keys.meta_deleted(prev), b"")
                 seen[id_key] = rid
@@ -209,14 +214,19 @@ class ShardWriter(Shard):
                 put("ids", id_key, rid_key)
             if next_row == state.next_row_id:
                 self._broken_builder = False
-                return errors
+                return errors, replaced
             wb.put("meta", keys.META_NEXT_ROW, u64(next_row))
             seq = self._log(wb, dels)
             self.store.write(wb)
             self._log_seq = seq
             self._broken_builder = False
             self._publish(state, next_row, dels)
-        return errors
+        return errors, replaced
+
+    @property
+    def change_count(self) -> int:
+        """The change counter after the last published write (see rtindex/fence.py)."""
+        return self._signal.count
 
     def _index_docs(self, builder, items, errors) -> list[int]:
         """Index each item's document into the active builder: its offset, or -1 if rejected.

@@ -3,7 +3,7 @@ import rtindex
 
 def test_public_names_are_pinned():
     assert sorted(rtindex.__all__) == [
-        "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "IngestStats",
+        "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "FenceError", "IngestStats",
         "ItemError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "ReadOnlyError", "Result", "RtindexError", "SchemaError",
         "Snapshot", "SqlError", "StorageError", "UnsupportedSqlError", "open",
     ]

@@ -639,3 +639,44 @@ def test_two_reader_processes_long(run_factory):
 def test_readers_survive_repeated_writer_kills(run_factory, rand, shards):
     run = run_factory(steps=700, shards=shards)
     _kill_and_recover(run, rand, cycles=6)
+
+
+def test_write_fences_give_read_your_writes(pair):
+    """A fence from the writer tells a reader when it sees that write (the service's
+    ``min_fence``); a fence of a dropped collection never waits for it forever."""
+    w, open_reader = pair
+    wc = w.create_collection("f", shards=2)
+    r = open_reader()
+    stats = wc.ingest([{"_id": i, "v": i} for i in range(10)])
+    assert stats.fence == wc.fence() and w.caught_up(stats.fence)
+    assert r.wait_for(stats.fence, timeout=5)
+    assert len(r["f"]) == 10  # everything the fence covers is visible once it is reached
+    for _ in range(3):  # each write's fence, then a read at once: the write is there
+        s = wc.ingest([{"_id": 100, "v": len(r["f"])}])
+        assert r.wait_for(s.fence, timeout=5)
+        assert r["f"].get(100) == wc.get(100)
+    wc.delete(3)
+    assert r.wait_for(wc.fence(), timeout=5) and r["f"].get(3) is None
+
+    # a collection the reader has not learned of yet: not caught up until it has
+    nc = w.create_collection("g", shards=1)
+    fence = nc.ingest([{"_id": 1}]).fence
+    assert r.wait_for(fence, timeout=5) and r["g"].get(1) is not None
+    # dropped and made again: the old fence does not wait, a new one does until followed
+    w.drop_collection("g")
+    nc = w.create_collection("g", shards=3)
+    new_fence = nc.ingest([{"_id": 2}]).fence
+    assert r.wait_for(new_fence, timeout=5) and r["g"].get(2) is not None
+    assert r.caught_up(fence)
+
+    for bad in ("", "f", "f/1/x", "f/-1/2", "a/b/c/d", 7):
+        with pytest.raises(rtindex.FenceError, match="not a write fence"):
+            r.caught_up(bad)
+    assert not r.wait_for(f"f/{r['f'].created}/{10**9}.{10**9}", timeout=0.05)
+
+
+def test_ingest_reports_which_documents_replaced_a_stored_one(db):
+    c = db.create_collection("r", shards=2)
+    assert c.ingest([{"_id": 1}, {"_id": 2}]).replaced == []
+    s = c.ingest([{"_id": 3}, {"_id": 2}, {"_id": "bad", "x": float("nan")}, {"_id": 3}, {"_id": 1}])
+    assert s.replaced == [1, 3, 4] and s.n == 3
