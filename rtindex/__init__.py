@@ -2,12 +2,15 @@
 
 >>> import rtindex
 >>> db = rtindex.open(path)                      # doctest: +SKIP
+>>> db = rtindex.connect(url, api_key=key)       # doctest: +SKIP
 """
 
+from rtindex.client import connect
 from rtindex.collection import Collection, IngestStats
 from rtindex.database import Database, open
 from rtindex.documents import ItemError
 from rtindex.errors import (
+    AccessDeniedError,
     AlreadyExistsError,
     ClosedError,
     CorruptionError,
@@ -28,6 +31,7 @@ from rtindex.snapshot import Postings, Snapshot
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDeniedError",
     "AlreadyExistsError",
     "ClosedError",
     "Collection",
@@ -48,5 +52,6 @@ __all__ = [
     "SqlError",
     "StorageError",
     "UnsupportedSqlError",
+    "connect",
     "open",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``rtindex demo`` (also ``python -m rtindex demo``)."""
+"""Command line: ``rtindex demo``, ``rtindex serve``, ``rtindex keys`` (also ``python -m rtindex ...``)."""
 
 from __future__ import annotations
 
@@ -118,6 +118,26 @@ def demo(path: str, n_events: int, shards: int, out=sys.stdout) -> dict:
         return {"docs_per_s": n_events / secs, "get_ms": get_ms, "term_ms": pb_ms, "fresh_ms": fresh_ms}
 
 
+def _keys(args, parser) -> int:
+    from rtindex.server.auth import KeyStore
+
+    store = KeyStore(args.data)
+    if args.action == "create":
+        key, entry = store.create(args.role, args.name)
+        print(f"{key}\n(id {entry['id']}, role {entry['role']}; shown once, stored hashed)")
+    elif args.action == "list":
+        for k in store.list():
+            print(f"{k['id']}  {k['role']:<5}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(k['created']))}  {k['name']}")
+    else:
+        if not args.id:
+            parser.error("keys revoke needs --id")
+        if not store.revoke(args.id):
+            print(f"rtindex keys: no key with id {args.id!r}", file=sys.stderr)
+            return 1
+        print(f"revoked {args.id}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rtindex", description="rtindex command line")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,7 +145,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=DEFAULT_DIR, help=f"database directory (default: ./{DEFAULT_DIR})")
     p.add_argument("--events", type=int, default=200_000, help="how many events to generate (default 200,000)")
     p.add_argument("--shards", type=int, default=4)
+    p = sub.add_parser("serve", help="run the HTTP service: one ingest process, N query processes (docs/service.md)")
+    p.add_argument("--data", default=DEFAULT_DIR, help=f"database directory, made if missing (default: ./{DEFAULT_DIR})")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--query-workers", type=int, default=1, help="query processes (default 1)")
+    p.add_argument("--max-concurrent-queries", type=int, default=4, help="per query process (default 4)")
+    p.add_argument("--max-queued-queries", type=int, default=64, help="per query process (default 64)")
+    p.add_argument("--queue-timeout-ms", type=int, default=1000, help="longest wait for a query slot (default 1000)")
+    p.add_argument("--no-auth", action="store_true", help="no API keys (refused unless --host is a loopback address)")
+    p.add_argument("--demo", action="store_true", help=f"load demo events into a collection 'demo_events' if it is missing")
+    p = sub.add_parser("keys", help="manage the service's API keys")
+    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("--data", default=DEFAULT_DIR, help=f"database directory (default: ./{DEFAULT_DIR})")
+    p.add_argument("--role", choices=["read", "write", "admin"], default="read", help="for create (default read)")
+    p.add_argument("--name", default="", help="for create: a note saying whose key it is")
+    p.add_argument("--id", help="for revoke: the key's id (from list)")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        from rtindex.server.config import ServerConfig
+        from rtindex.server.supervisor import serve
+
+        return serve(ServerConfig(data=args.data, host=args.host, port=args.port, query_workers=args.query_workers,
+                                  max_concurrent_queries=args.max_concurrent_queries,
+                                  max_queued_queries=args.max_queued_queries, queue_timeout_ms=args.queue_timeout_ms,
+                                  auth=not args.no_auth, demo=args.demo))
+    if args.command == "keys":
+        return _keys(args, parser)
     if args.command == "demo":
         if args.events < 1:
             parser.error("--events must be positive")

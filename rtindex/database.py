@@ -29,6 +29,7 @@ from rtindex.follower import Follower
 from rtindex.result import Result
 from rtindex.rowcache import RowStoreCache
 from rtindex.sql.engine import Plan, SqlEngine
+from rtindex.sql.parse import DEFAULT_WORKSPACE, collection_name
 from rtindex.errors import (
     AlreadyExistsError,
     ClosedError,
@@ -42,7 +43,14 @@ from rtindex.runtime import Runtime
 from rtindex.segments import ShardConfig
 from rtindex.storage import new_block_cache, new_write_buffer_manager
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,127}$")
+# a collection name: one part, or a workspace and a name (``ws.coll``, as Rockset's workspaces;
+# each part at most 128 characters). The default workspace is no prefix: ``commons.coll``
+# is the collection ``coll`` (in SQL, and through Database.collection).
+_PART = r"[A-Za-z_][A-Za-z0-9_\-]{0,127}"
+_NAME = re.compile(rf"^{_PART}(?:\.{_PART})?$")
+# and at most this long in all: the name is a directory name (255 bytes on common file
+# systems), and a reader names its RocksDB secondaries "<name>-shard-<n>"
+MAX_NAME = 240
 COLLECTIONS_DIR = "collections"
 MANIFEST = "collection.json"
 MARKER = "rtindex.json"  # {"format": FORMAT, "created_by": "rtindex <version>"}
@@ -181,6 +189,11 @@ def _is_legacy_database(path: str, entries: set[str]) -> bool:
     except OSError as e:
         raise StorageError(f"cannot list {colls}: {e}") from e
     return all(_NAME.match(n) and os.path.isdir(os.path.join(colls, n)) for n in names)
+
+
+def _canonical(name: Any) -> Any:
+    """The collection ``name`` refers to: ``commons.coll`` is ``coll`` (the default workspace)."""
+    return collection_name(None, name) if isinstance(name, str) else name
 
 
 class _WriterLock:
@@ -357,7 +370,9 @@ class Database:
         return _read_manifest(self._coll_path(name))
 
     def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False) -> Collection:
-        """Create a collection of ``shards`` shards (fixed for its lifetime)."""
+        """Create a collection of ``shards`` shards (fixed for its lifetime). ``name`` is
+        ``coll`` or ``workspace.coll``; the default workspace ``commons`` is never spelled
+        out (``commons.coll`` is refused: create ``coll``)."""
         return self._create_collection(name, shards, exist_ok)
 
     def _create_collection(self, name: str, shards: int = 4, exist_ok: bool = False,
@@ -365,9 +380,15 @@ class Database:
         """create_collection, with ``extra`` keys stored in the manifest (the demo marks the
         collections it made with ``{"created_by": "rtindex demo"}``)."""
         self._check_writable()
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"invalid collection name {name!r}: use letters, digits, _ and -, "
-                             "starting with a letter or _ (at most 128 characters)")
+        if not isinstance(name, str) or not _NAME.match(name) or len(name) > MAX_NAME:
+            raise ValueError(f"invalid collection name {name!r}: use letters, digits, _ and -, starting with a "
+                             "letter or _ (at most 128 characters), optionally after a workspace and a dot, "
+                             f"named by the same rules (workspace.collection, at most {MAX_NAME} characters "
+                             "in all)")
+        if collection_name(None, name) != name:
+            short = collection_name(None, name)
+            raise ValueError(f"invalid collection name {name!r}: {DEFAULT_WORKSPACE} is the default workspace; "
+                             f"create the collection as {short!r} (queries may still say {name})")
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
             raise ValueError(f"shards must be an integer from 1 to {MAX_SHARDS}, not {shards!r}")
         with self._lock:
@@ -397,17 +418,28 @@ class Database:
             return coll
 
     def collection(self, name: str) -> Collection:
-        """An existing collection (NotFoundError if there is none)."""
+        """An existing collection (NotFoundError if there is none); ``commons.coll`` names
+        ``coll`` (the default workspace)."""
         self._check()
-        try:
-            return self._collections[name]
-        except KeyError:
-            raise NotFoundError(f"no collection {name!r} (create it with db.create_collection({name!r}))") from None
+        coll = self._find(_canonical(name))
+        if coll is None:
+            raise NotFoundError(f"no collection {name!r} (create it with db.create_collection({name!r}))")
+        return coll
 
     __getitem__ = collection
 
     def __contains__(self, name: str) -> bool:
-        return name in self._collections
+        return self._find(_canonical(name)) is not None
+
+    def _find(self, name: str) -> Collection | None:
+        """The open collection of that name. A reader asked for one it has not followed
+        yet, but which the writer made (its manifest is there), opens it now instead of
+        waiting for the follower's next pass: "create, then query at once" works."""
+        coll = self._collections.get(name)
+        if coll is None and self._follower is not None and self._created_on_disk(name) is not None:
+            self._follower.sync_collections()
+            coll = self._collections.get(name)
+        return coll
 
     def collection_names(self) -> list[str]:
         """Names of the collections, sorted."""
@@ -420,7 +452,7 @@ class Database:
         with self._lock:
             coll = self.collection(name)
             coll._close()
-            del self._collections[name]
+            del self._collections[coll.name]
             try:
                 os.remove(os.path.join(coll.path, MANIFEST))
                 shutil.rmtree(coll.path)
@@ -454,10 +486,23 @@ class Database:
                "collections": {n: c.stats() for n, c in list(self._collections.items())},
                "row_cache": self._row_cache.stats()}
         if self._follower is not None:
-            shards = [s["lag"] for c in out["collections"].values() for s in c["shards"]]
-            out["lag"] = {"rows": sum(x["rows"] for x in shards), "ms": max((x["ms"] for x in shards), default=0.0)}
+            out["lag"] = self.lag()
             out["follow_error"] = self._follower.last_error
         return out
+
+    def lag(self) -> dict:
+        """How far behind the writer this reader is, cheaply (no disk access): rows not
+        indexed yet and milliseconds since the newest write it surely has, the worst over
+        all shards. Zeros in the writer."""
+        self._check()
+        rows, ms = 0, 0.0
+        if self._follower is not None:
+            for coll in list(self._collections.values()):
+                for s in coll._shards:
+                    lag = s.lag()
+                    rows += lag["rows"]
+                    ms = max(ms, lag["ms"])
+        return {"rows": rows, "ms": ms}
 
     def caught_up(self, fence: str) -> bool:
         """Whether reads started now see every write the fence covers (see
@@ -465,9 +510,11 @@ class Database:
         until it has followed the writer that far (or learned of the collection)."""
         self._check()
         f = Fence.parse(fence)
-        coll = self._collections.get(f.collection)
-        if coll is None or coll.created < f.created:
-            return False  # not followed yet (a newer collection than this replica knows)
+        coll = self._find(f.collection)
+        if coll is None:
+            return self._created_on_disk(f.collection) is None  # dropped: nothing left to wait for
+        if coll.created < f.created:
+            return False  # made again since: the follower opens the new one on its next pass
         if coll.created > f.created or len(coll._shards) != len(f.counters):
             return True  # the fenced collection was dropped: nothing of it left to wait for
         return all(s.change_count >= c for s, c in zip(coll._shards, f.counters))

@@ -42,6 +42,11 @@ class NotFoundError(RtindexError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class AccessDeniedError(RtindexError, PermissionError):
+    """The service refused the API key (missing, revoked, or its role does not allow the
+    request): 401 and 403 replies to ``rtindex.connect`` clients."""
+
+
 class AlreadyExistsError(RtindexError, ValueError):
     """create_collection() on a name that is taken."""
 

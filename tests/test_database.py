@@ -191,7 +191,9 @@ def test_the_manifest_is_written_with_the_shard_count(tmp_path):
     with rtindex.open(str(tmp_path / "db")) as db:
         db.create_collection("c", shards=3)
     manifest = tmp_path / "db" / "collections" / "c" / "collection.json"
-    assert orjson.loads(manifest.read_bytes()) == {"shards": 3, "format": 2}
+    written = orjson.loads(manifest.read_bytes())
+    assert written == {"shards": 3, "format": 2, "created": written["created"]}
+    assert isinstance(written["created"], int) and written["created"] > 0  # the creation stamp (ns)
     assert not os.path.exists(str(manifest) + ".tmp")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -147,10 +148,18 @@ class _Execution:
 
     # -- parameters -----------------------------------------------------------------
     def bind(self, operand: P.Operand) -> Any:
+        """The value an operand compares as (datetimes as microseconds)."""
         if isinstance(operand, P.Const):
             return operand.value
-        value = self.params[operand.key]
-        return P.check_value(value, self.q.sql, operand.position)
+        return P.check_value(self.value(operand), self.q.sql, operand.position)
+
+    def value(self, operand: P.Operand) -> Any:
+        """The value of an operand as given or computed (a datetime stays one)."""
+        if isinstance(operand, P.Const):
+            return operand.value
+        if isinstance(operand, P.Call):
+            return P.call_value(operand.name, self.value(operand.arg), self.q.sql, operand.position)
+        return self.params[operand.key]
 
     def int_param(self, operand: P.Operand | None) -> int | None:
         if operand is None:
@@ -279,7 +288,16 @@ class _Execution:
         return Result(None, rows=rows, access="index")
 
     def duck_params(self) -> dict[str, Any]:
-        return {name: self.bind(op) for name, op in self.q.duck_params.items()}
+        """Parameters of the DuckDB text: a datetime stays a timestamp there (naive means UTC,
+        as in WHERE), so that UNIX_MICROS(:t) or ``_event_time > :t`` in SELECT work."""
+        out = {}
+        for name, op in self.q.duck_params.items():
+            v = self.value(op)
+            if isinstance(v, datetime):
+                out[name] = v if v.tzinfo is not None else v.replace(tzinfo=timezone.utc)
+            else:
+                out[name] = P.check_value(v, self.q.sql, op.position)
+        return out
 
     def duck_text(self, plan: Plan) -> str:
         """The DuckDB statement of this execution (frame = the scan's CTE on the scan path)."""

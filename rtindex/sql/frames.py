@@ -72,8 +72,8 @@ def column(values: list, path: Sequence[str] = ()) -> pa.Array:
         arr = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
         return pa.array([_text(v) for v in values], type=pa.large_string())
-    if tuple(path) == EVENT_TIME and pa.types.is_int64(arr.type):
-        return arr.cast(TIMESTAMP)
+    if tuple(path) == EVENT_TIME and (pa.types.is_int64(arr.type) or pa.types.is_null(arr.type)):
+        return arr.cast(TIMESTAMP)  # a timestamp even when no row matched (MAX(_event_time) is NULL)
     return arr
 
 

@@ -43,6 +43,43 @@ COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: "
 FLIPPED = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 MISSING_FUNCTION = "IS_MISSING"
 Path = tuple[str, ...]
+# Rockset's default workspace: ``commons.coll`` is the collection ``coll``; any other
+# workspace is part of the name (``ws.coll``, see rtindex/database.py)
+DEFAULT_WORKSPACE = "commons"
+# Rockset's time functions (P.TIME_FUNCTIONS) reach this module as Anonymous calls: the
+# parser turns sqlglot's own nodes for some of them (UnixMicros, ...) into such calls first,
+# so the rest of it sees one spelling whatever the sqlglot version.
+TIME_FUNCTIONS = P.TIME_FUNCTIONS
+_SQLGLOT_TIME_NODES = {cls: name for cls, name in (
+    (getattr(exp, "UnixSeconds", None), "UNIX_SECONDS"), (getattr(exp, "UnixMillis", None), "UNIX_MILLIS"),
+    (getattr(exp, "UnixMicros", None), "UNIX_MICROS")) if cls is not None}
+
+
+def collection_name(workspace: str | None, name: str) -> str:
+    """The collection a (workspace, name) of FROM names: the default workspace is no
+    prefix, another one is (``"ws"."c"`` and ``"ws.c"`` are both ``ws.c``)."""
+    full = f"{workspace}.{name}" if workspace else name
+    prefix = DEFAULT_WORKSPACE + "."
+    return full.removeprefix(prefix)
+
+
+def _time_function(node: exp.Expression) -> str | None:
+    """The TIME_FUNCTIONS name of a call node, or None."""
+    if isinstance(node, exp.Anonymous) and isinstance(node.this, str) and node.name.upper() in TIME_FUNCTIONS:
+        return node.name.upper()
+    return None
+
+
+def _normalize_time_functions(tree: exp.Expression) -> None:
+    """sqlglot's nodes for UNIX_SECONDS & co. -> Anonymous calls of TIME_FUNCTIONS names
+    (in place), so that checking, WHERE and rewriting deal with one form."""
+    if not _SQLGLOT_TIME_NODES:
+        return
+    for node in list(tree.find_all(*_SQLGLOT_TIME_NODES)):
+        args = [node.this, *(v for k, v in node.args.items() if k != "this" and v is not None)]
+        call = exp.Anonymous(this=_SQLGLOT_TIME_NODES[type(node)], expressions=args)
+        call.meta.update(node.meta)
+        node.replace(call)
 
 
 @dataclass
@@ -109,7 +146,8 @@ class _Parser:
         self.placeholders: list[exp.Placeholder] = []
         self.duck_params: dict[str, P.Operand] = {}
         self.alias: str | None = None
-        self.collection = ""
+        self.collection = ""  # what FROM names, workspace included (see collection_name)
+        self.table = ""  # the collection's name without its workspace (a field may be qualified by it)
 
     def position(self, node: exp.Expression | None) -> int | None:
         """Character offset in the user's text of the first token of ``node``, if known."""
@@ -149,7 +187,10 @@ class _Parser:
         if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
             return None
         parts = tuple(p.name for p in node.parts)
-        if len(parts) > 1 and parts[0] in (self.alias, self.collection):
+        if len(parts) > 2 and collection_name(parts[0], parts[1]) == self.collection:
+            parts = parts[2:]  # ws.coll.field (or commons.coll.field)
+        elif len(parts) > 1 and (parts[0] == self.alias or collection_name(None, parts[0]) == self.collection
+                                 or parts[0] == self.table):
             parts = parts[1:]
         return parts
 
@@ -168,7 +209,16 @@ class _Parser:
             return P.Const(_number(node.this))
         if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
             return P.Const(-_number(node.this.this))
+        name = _time_function(node)
+        if name is not None:  # TIMESTAMP_SECONDS(1700000000): evaluated when the query is bound
+            self.check_arity(name, node)
+            arg = self.operand(node.expressions[0])
+            return P.Call(name, arg, self.position(node)) if arg is not None else None
         return None
+
+    def check_arity(self, name: str, node: exp.Expression) -> None:
+        if len(node.expressions) != 1:
+            raise self.error(f"{name} takes one argument, not {len(node.expressions)}", node)
 
     def param(self, node: exp.Placeholder) -> P.Param:
         name = str(node.this)
@@ -250,6 +300,10 @@ class _Parser:
                 continue
             if isinstance(node, exp.Anonymous) and node.name.upper() == MISSING_FUNCTION:
                 continue
+            name = _time_function(node)
+            if name is not None:
+                self.check_arity(name, node)
+                continue
             raise self.unsupported(_describe(node), node)
 
     def frame_column(self, path: Path) -> str:
@@ -267,6 +321,9 @@ class _Parser:
                 return exp.Placeholder(this=name)
             if isinstance(n, exp.Column) and len(n.parts) == 1 and n.name in aliases:
                 return n
+            name = _time_function(n)
+            if name is not None:  # rewritten here: transform() does not visit a replacement's children
+                return _duck_time_function(name, self.rewrite(n.expressions[0], aliases))
             path = self.field_path(n) if isinstance(n, (exp.Column, exp.Dot)) else None
             if path is not None:
                 return exp.column(self.frame_column(path), quoted=True)
@@ -295,12 +352,17 @@ class _Parser:
                     "sample", "locks", "kind", "prewhere", "connect", "match"):
             if tree.args.get(arg):
                 raise self.unsupported(f"{arg.rstrip('_').upper()} (a query reads one collection)", tree)
+        _normalize_time_functions(tree)
         self.check_nodes(tree)
         source = tree.args.get("from_") or tree.args.get("from")
-        if source is None or not isinstance(source.this, exp.Table) or source.this.args.get("db"):
+        if source is None or not isinstance(source.this, exp.Table) or not isinstance(source.this.this,
+                                                                                        exp.Identifier):
             raise self.unsupported("a SELECT without FROM <collection>", tree)
         table = source.this
-        self.collection = table.name
+        if table.args.get("catalog"):
+            raise self.unsupported("a catalog in FROM (name a collection: coll, or workspace.coll)", table)
+        self.collection = collection_name(table.text("db") or None, table.name)
+        self.table = self.collection.rpartition(".")[2]
         self.alias = table.alias or None
 
         where = tree.args.get("where")
@@ -320,7 +382,7 @@ class _Parser:
         if node is None:
             return None
         value = self.operand(node.expression)
-        if value is None or (isinstance(value, P.Const) and (not isinstance(value.value, int)
+        if value is None or isinstance(value, P.Call) or (isinstance(value, P.Const) and (not isinstance(value.value, int)
                                                             or isinstance(value.value, bool) or value.value < 0)):
             raise self.error("LIMIT and OFFSET take a non-negative integer or a parameter", node)
         return value
@@ -385,6 +447,37 @@ class _Parser:
         return Query(sql=self.sql, collection=self.collection, where=pred, fields=dict(self.fields),
                      duck_sql=text, outputs=outputs, plain=plain, star=bool(stars), star_except=star_except,
                      limit=limit, offset=offset, duck_params=dict(self.duck_params))
+
+
+def _duck_time_function(name: str, arg: exp.Expression) -> exp.Expression:
+    """DuckDB for a TIME_FUNCTIONS call over an already rewritten argument.
+
+    Timestamps are TIMESTAMPTZ (what ``_event_time`` is in a frame and in a scan), built as
+    ``to_timestamp(0) + to_microseconds(n)``: an instant, whatever DuckDB's session time
+    zone. The argument of TIMESTAMP_* must be an integer (to_microseconds takes no other
+    type). UNIX_* read an instant exactly with epoch_us and round down (towards the past, as
+    Rockset and BigQuery do); the COALESCE types a bare NULL (or a column of nulls) without
+    shifting a TIMESTAMP by the session's time zone, as a CAST to TIMESTAMPTZ would.
+    """
+    takes_timestamp, unit = TIME_FUNCTIONS[name]
+    if not takes_timestamp:
+        us = arg if unit == 1 else exp.Mul(this=exp.Paren(this=arg), expression=_bigint(unit))
+        return exp.Paren(this=exp.Add(this=exp.Anonymous(this="to_timestamp", expressions=[exp.Literal.number(0)]),
+                                      expression=exp.Anonymous(this="to_microseconds", expressions=[us])))
+    typed = exp.Coalesce(this=arg, expressions=[exp.cast(exp.Null(), "TIMESTAMP")])
+    us = exp.Anonymous(this="epoch_us", expressions=[typed])
+    if unit == 1:
+        return us
+    # floor division: DuckDB's // truncates towards zero; a - (a mod u, made non-negative)
+    # is a multiple of u, so the division below is exact
+    rem = exp.Mod(this=exp.Paren(this=exp.Add(this=exp.Paren(this=exp.Mod(this=us.copy(), expression=_bigint(unit))),
+                                              expression=_bigint(unit))),
+                  expression=_bigint(unit))
+    return exp.Paren(this=exp.IntDiv(this=exp.Paren(this=exp.Sub(this=us, expression=rem)), expression=_bigint(unit)))
+
+
+def _bigint(n: int) -> exp.Expression:
+    return exp.cast(exp.Literal.number(n), "BIGINT")
 
 
 def _number(text: str) -> int | float:

@@ -21,7 +21,7 @@ them as Kleene's logic does, and FALSE sets are only computed under a ``NOT``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Union
 
 from rtindex import keys
@@ -43,7 +43,16 @@ class Param:
     position: int | None = None
 
 
-Operand = Union[Const, Param]
+@dataclass(frozen=True)
+class Call:
+    """A time function of a value (TIMESTAMP_SECONDS(:t), ...), evaluated when bound."""
+
+    name: str  # a key of TIME_FUNCTIONS
+    arg: Any  # an Operand
+    position: int | None = None
+
+
+Operand = Union[Const, Param, Call]
 
 @dataclass(frozen=True)
 class Compare:
@@ -116,6 +125,32 @@ def check_value(v: Any, sql: str | None = None, position: int | None = None) -> 
         return to_event_time(v)
     raise SqlError(f"cannot compare a field with a value of type {type(v).__name__} "
                    "(use None, bool, int, float, str or datetime)", sql, position)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+# Rockset's time functions: name -> (takes a timestamp (else an int), microseconds per unit)
+TIME_FUNCTIONS = {"TIMESTAMP_SECONDS": (False, 1_000_000), "TIMESTAMP_MILLIS": (False, 1_000),
+               "TIMESTAMP_MICROS": (False, 1), "UNIX_SECONDS": (True, 1_000_000), "UNIX_MILLIS": (True, 1_000),
+               "UNIX_MICROS": (True, 1)}
+
+
+def call_value(name: str, v: Any, sql: str | None = None, position: int | None = None) -> Any:
+    """A time function of a bound value, as DuckDB computes it in SELECT: TIMESTAMP_* of an
+    int -> an aware UTC datetime; UNIX_* of a datetime (naive means UTC) -> an int, rounded
+    down; NULL -> None. Another type is a SqlError."""
+    takes_timestamp, unit = TIME_FUNCTIONS[name]
+    if v is None:
+        return None
+    if takes_timestamp:
+        if not isinstance(v, datetime):
+            raise SqlError(f"{name} takes a timestamp, not {type(v).__name__}", sql, position)
+        return to_event_time(v) // unit
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SqlError(f"{name} takes an integer, not {type(v).__name__}", sql, position)
+    try:
+        return _EPOCH + timedelta(microseconds=v * unit)
+    except OverflowError:
+        raise SqlError(f"{name}({v}) is outside the range of timestamps", sql, position) from None
 
 
 def domain_tags(v: Any) -> tuple[int, ...]:

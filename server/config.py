@@ -1,0 +1,71 @@
+"""What ``rtindex serve`` is configured with, passed to every process it starts."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Limits:
+    """Bounds on what one request may ask for; each refusal names the limit it hit."""
+
+    max_body_bytes: int = 64 << 20  # one write request's body
+    max_docs_per_request: int = 100_000
+    max_document_bytes: int = 4 << 20  # one document (an NDJSON line, an array element)
+    max_depth: int = 64  # nesting of one document
+    max_sql_chars: int = 100_000
+    default_query_ms: int = 30_000  # timeout_ms when a query gives none
+    max_query_ms: int = 300_000  # the most timeout_ms may ask for
+    max_result_rows: int = 100_000
+    max_result_bytes: int = 64 << 20
+    max_inflight_write_bytes: int = 256 << 20  # write bodies being received or ingested at once
+
+
+@dataclass
+class ServerConfig:
+    data: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    query_workers: int = 1
+    max_concurrent_queries: int = 4  # per query process
+    max_queued_queries: int = 64  # per query process
+    queue_timeout_ms: int = 1_000  # a queued query that waits longer gets 429
+    auth: bool = True
+    demo: bool = False
+    limits: Limits = field(default_factory=Limits)
+    # filled in by the supervisor for its children
+    ingest_socket: str = ""
+    metrics_dir: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ServerConfig":
+        d = json.loads(text)
+        d["limits"] = Limits(**d["limits"])
+        return cls(**d)
+
+    def check(self) -> None:
+        """ValueError with what to change, before anything starts."""
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be from 0 to 65535, not {self.port}")
+        for name in ("query_workers", "max_concurrent_queries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_queued_queries < 0:
+            raise ValueError("--max-queued-queries must be 0 or more")
+        if not self.auth and not is_loopback(self.host):
+            raise ValueError(f"--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), "
+                             f"not on {self.host!r}: anyone who can reach it could read and write everything")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

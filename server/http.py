@@ -1,0 +1,82 @@
+"""Replies and errors in raw ASGI, shared by every layer of both processes.
+
+Errors have one shape everywhere: ``{"type": ..., "message": ..., "limit"?: ...}`` with the
+status that says whose fault it is. Messages say what was wrong with the request; they
+never carry a traceback, a path on the server or an internal exception's text, except for
+the rtindex errors whose messages are written for users.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+JSON = b"application/json"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+NDJSON = "application/x-ndjson"
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, type_: str, message: str, *, limit: str | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.limit = limit
+        self.headers = headers or []
+
+    def body(self) -> bytes:
+        d = {"type": self.type, "message": self.message}
+        if self.limit:
+            d["limit"] = self.limit
+        return orjson.dumps(d)
+
+
+def too_large(limit: str, value: int, what: str) -> HttpError:
+    return HttpError(413, "LimitExceeded", f"{what} is over {limit}={value}", limit=limit)
+
+
+async def send_bytes(send, status: int, body: bytes, content_type: bytes = JSON,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send, status: int, obj) -> None:
+    await send_bytes(send, status, orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS))
+
+
+async def send_error(send, err: HttpError) -> None:
+    await send_bytes(send, err.status, err.body(), headers=err.headers)
+
+
+async def read_body(receive, limit: int, limit_name: str) -> bytes:
+    """The whole body of a small request (a query, a patch), refused past ``limit``."""
+    chunks, size = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise HttpError(400, "BadRequest", "the client went away before sending the body")
+        body = msg.get("body", b"")
+        size += len(body)
+        if size > limit:
+            raise too_large(limit_name, limit, "the request body")
+        chunks.append(body)
+        if not msg.get("more_body"):
+            return b"".join(chunks)
+
+
+def header(scope, name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v.decode("latin-1")
+    return None
+
+
+def parse_json(body: bytes, what: str = "the request body"):
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise HttpError(400, "BadRequest", f"{what} is not valid JSON: {e}") from None

@@ -1,0 +1,377 @@
+"""The ingest process: the one writer of the data directory, serving writes.
+
+It listens on a private Unix socket and is reached only through the query processes,
+which checked the caller's key and relay the request bytes unparsed (server/relay.py).
+Bodies are read as they arrive: a JSON array whole (it is bounded by ``max_body_bytes``),
+NDJSON a line at a time into bounded batches that are stored as they fill, so a large
+upload never sits in memory at once. ``ingest()`` runs in a worker thread so the event
+loop keeps receiving other requests' bytes meanwhile.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import rtindex
+
+from . import metrics
+from .config import ServerConfig
+from .http import NDJSON, HttpError, send_error, too_large
+
+BATCH_DOCS = 1_000
+BATCH_BYTES = 4 << 20
+
+
+def _reply(obj, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+class WriteBudget:
+    """The in-flight write-bytes limit: a request reserves its declared size (or the body
+    limit, when it declares none) before its body is read, and gets 429 when that would
+    pass ``max_inflight_write_bytes``. Pure ASGI, in front of the write routes."""
+
+    def __init__(self, app, config: ServerConfig):
+        self.app = app
+        self.limits = config.limits
+        self.inflight = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PATCH"):
+            return await self.app(scope, receive, send)
+        declared = None
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                declared = int(v) if v.isdigit() else None
+        if declared is not None and declared > self.limits.max_body_bytes:
+            return await send_error(send, too_large("max_body_bytes", self.limits.max_body_bytes, "the request body"))
+        need = declared if declared is not None else self.limits.max_body_bytes
+        if self.inflight and self.inflight + need > self.limits.max_inflight_write_bytes:
+            metrics.WRITES_THROTTLED.inc()
+            return await send_error(send, HttpError(
+                429, "TooManyRequests",
+                f"{self.inflight} bytes of writes are in flight; max_inflight_write_bytes="
+                f"{self.limits.max_inflight_write_bytes}: retry after the Retry-After seconds",
+                limit="max_inflight_write_bytes", headers=[(b"retry-after", b"1")]))
+        self.inflight += need
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.inflight -= need
+
+
+class IngestService:
+    def __init__(self, db: rtindex.Database, config: ServerConfig):
+        self.db = db
+        self.config = config
+        self.limits = config.limits
+
+    # ---------------------------------------------------------------- helpers
+    def collection(self, name: str) -> rtindex.Collection:
+        try:
+            return self.db[name]
+        except rtindex.NotFoundError:
+            raise HttpError(404, "NotFound", f"no collection named {name!r}") from None
+
+    async def _ingest(self, coll: rtindex.Collection, docs: list, first: int, items: list) -> str:
+        """Store one batch; append each document's status to ``items``; the fence."""
+        for d in docs:
+            if isinstance(d, dict) and d.get("_id") is None:
+                d["_id"] = uuid.uuid4().hex  # so the reply can name it
+        stats = await anyio.to_thread.run_sync(coll.ingest, docs)
+        errors = {e.index: e for e in stats.errors}
+        replaced = set(stats.replaced)
+        for i, d in enumerate(docs):
+            doc_id = d.get("_id") if isinstance(d, dict) else None
+            e = errors.get(i)
+            if e is not None:
+                items.append({"_id": doc_id, "status": "ERROR",
+                              "error": f"document {first + i}: {e.message}" + (f" at {e.path}" if e.path != "$" else "")})
+            else:
+                items.append({"_id": doc_id, "status": "REPLACED" if i in replaced else "ADDED", "error": None})
+        metrics.INGEST_DOCS.inc(stats.n)
+        metrics.INGEST_BYTES.inc(stats.bytes)
+        if stats.errors:
+            metrics.INGEST_ERRORS.inc(len(stats.errors))
+        return stats.fence
+
+    async def _body(self, request: Request) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.limits.max_body_bytes:
+                raise too_large("max_body_bytes", self.limits.max_body_bytes, "the request body")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _json(self, request: Request):
+        try:
+            return orjson.loads(await self._body(request))
+        except orjson.JSONDecodeError as e:
+            raise HttpError(400, "BadRequest", f"the request body is not valid JSON: {e}") from None
+
+    def _check_count(self, n: int) -> None:
+        if n > self.limits.max_docs_per_request:
+            raise too_large("max_docs_per_request", self.limits.max_docs_per_request,
+                            f"a request of {n} documents")
+
+    async def write_docs(self, coll: rtindex.Collection, docs: list) -> tuple[list, str]:
+        self._check_count(len(docs))
+        items: list = []
+        fence = coll.fence()
+        for start in range(0, len(docs), BATCH_DOCS):
+            fence = await self._ingest(coll, docs[start:start + BATCH_DOCS], start, items)
+        return items, fence
+
+    async def write_ndjson(self, coll: rtindex.Collection, request: Request) -> tuple[list, str]:
+        """NDJSON, stored in batches as lines arrive. A line that is not JSON, or longer
+        than ``max_document_bytes`` (skipped as it streams past, never held), is that
+        item's error; the others are stored."""
+        max_doc = self.limits.max_document_bytes
+        max_docs = self.limits.max_docs_per_request
+        items: list = []
+        state = {"fence": coll.fence(), "first": 0}  # first: input position of batch[0]
+        batch: list = []  # (line number, line bytes, or None for a line too long)
+        batch_bytes = 0
+
+        async def flush():
+            slots: list = []
+            good: list = []
+            for line_no, line in batch:
+                if line is None:
+                    slots.append({"_id": None, "status": "ERROR",
+                                  "error": f"line {line_no} is over max_document_bytes={max_doc}"})
+                    continue
+                try:
+                    good.append(orjson.loads(line))
+                    slots.append(None)
+                except orjson.JSONDecodeError as e:
+                    slots.append({"_id": None, "status": "ERROR", "error": f"line {line_no} is not valid JSON: {e}"})
+            done: list = []
+            if good:
+                state["fence"] = await self._ingest(coll, good, state["first"], done)
+            it = iter(done)
+            items.extend(s if s is not None else next(it) for s in slots)
+            state["first"] += len(batch)
+            batch.clear()
+
+        async def add(line_no: int, line: bytes | None):
+            nonlocal batch_bytes
+            if line is not None and not line.strip():
+                return
+            if state["first"] + len(batch) >= max_docs:
+                await flush()
+                raise too_large("max_docs_per_request", max_docs,
+                                f"the request (its first {state['first']} documents, up to line "
+                                f"{line_no - 1}, were processed and are in the store)")
+            batch.append((line_no, line))
+            batch_bytes += len(line or b"")
+            if len(batch) >= BATCH_DOCS or batch_bytes >= BATCH_BYTES:
+                await flush()
+                batch_bytes = 0
+
+        pending = b""
+        skipping = False  # inside a line too long to keep
+        line_no = 0
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.limits.max_body_bytes:
+                raise too_large("max_body_bytes", self.limits.max_body_bytes, "the request body")
+            if skipping:
+                nl = chunk.find(b"\n")
+                if nl < 0:
+                    continue
+                chunk, skipping = chunk[nl + 1:], False
+                line_no += 1
+                await add(line_no, None)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                line_no += 1
+                await add(line_no, line if len(line) <= max_doc else None)
+            if len(pending) > max_doc:
+                pending, skipping = b"", True
+        if skipping or pending.strip():
+            line_no += 1
+            await add(line_no, None if skipping else pending)
+        await flush()
+        return items, state["fence"]
+
+    # ---------------------------------------------------------------- native routes
+    async def create_collection(self, request: Request) -> Response:
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise HttpError(400, "BadRequest", 'give {"name": ..., "shards": ...} (shards optional, default 4)')
+        shards = body.get("shards", 4)
+        try:
+            coll = self.db.create_collection(body["name"], shards=shards)
+        except rtindex.AlreadyExistsError as e:
+            raise HttpError(409, "AlreadyExists", str(e)) from None
+        except ValueError as e:
+            raise HttpError(400, "BadRequest", str(e)) from None
+        return _reply({"name": coll.name, "shards": coll.n_shards, "fence": coll.fence()}, 201)
+
+    async def drop_collection(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        self.collection(name)
+        await anyio.to_thread.run_sync(self.db.drop_collection, name)
+        return _reply({"name": name, "dropped": True})
+
+    async def post_docs(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        if request.headers.get("content-type", "").split(";")[0].strip() == NDJSON:
+            items, fence = await self.write_ndjson(coll, request)
+        else:
+            docs = await self._json(request)
+            if not isinstance(docs, list):
+                raise HttpError(400, "BadRequest", "the body must be a JSON array of documents "
+                                                   f"(or NDJSON sent as {NDJSON})")
+            items, fence = await self.write_docs(coll, docs)
+        return _reply({"items": items, "fence": fence})
+
+    async def patch_doc(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        ops = await self._json(request)
+        if not isinstance(ops, list):
+            raise HttpError(400, "BadRequest", "the body must be a JSON Patch: an array of operations")
+        doc_id = self._stored_id(coll, request.path_params["doc_id"])
+        try:
+            doc = await anyio.to_thread.run_sync(coll.patch, doc_id, ops)
+        except rtindex.SchemaError as e:
+            raise HttpError(400, "BadRequest", str(e)) from None
+        return _reply({"_id": doc_id, "status": "PATCHED", "document": doc, "fence": coll.fence()})
+
+    async def delete_doc(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        doc_id = self._stored_id(coll, request.path_params["doc_id"])
+        await anyio.to_thread.run_sync(coll.delete, doc_id)
+        return _reply({"_id": doc_id, "status": "DELETED", "fence": coll.fence()})
+
+    @staticmethod
+    def _stored_id(coll: rtindex.Collection, text: str):
+        """The stored ``_id`` a URL names: the string, or else the integer it spells."""
+        doc_id = stored_id(coll, text)
+        if doc_id is None:
+            raise HttpError(404, "NotFound", f"no document with _id {text!r} in collection {coll.name!r}")
+        return doc_id
+
+    # ---------------------------------------------------------------- Rockset's routes
+    def rockset_name(self, request: Request) -> str:
+        ws, coll = request.path_params["ws"], request.path_params.get("coll")
+        return rockset_collection(ws, coll)
+
+    async def rockset_create(self, request: Request) -> Response:
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise HttpError(400, "BadRequest", 'give {"name": ...}')
+        ws = request.path_params["ws"]
+        name = rockset_collection(ws, body["name"])
+        try:
+            self.db.create_collection(name, shards=body.get("shards", 4))
+        except rtindex.AlreadyExistsError as e:
+            raise HttpError(409, "AlreadyExists", str(e)) from None
+        except ValueError as e:
+            raise HttpError(400, "BadRequest", str(e)) from None
+        return _reply({"data": {"name": body["name"], "workspace": ws, "status": "READY"}})
+
+    async def rockset_docs(self, request: Request) -> Response:
+        name = self.rockset_name(request)
+        coll = self.collection(name)
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+            raise HttpError(400, "BadRequest", 'give {"data": [documents]}')
+        items, fence = await self.write_docs(coll, body["data"])
+        coll_name = request.path_params["coll"]
+        return _reply({"data": [{"_id": it["_id"], "_collection": coll_name, "status": it["status"],
+                                 "error": it["error"]} for it in items], "last_offset": fence})
+
+    async def rockset_patch(self, request: Request) -> Response:
+        name = self.rockset_name(request)
+        coll = self.collection(name)
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+            raise HttpError(400, "BadRequest", 'give {"data": [{"_id": ..., "patch": [operations]}]}')
+        self._check_count(len(body["data"]))
+        coll_name = request.path_params["coll"]
+
+        def apply_all() -> list:
+            out = []
+            for p in body["data"]:
+                doc_id = p.get("_id") if isinstance(p, dict) else None
+                try:
+                    if doc_id is None or not isinstance(p.get("patch"), list):
+                        raise rtindex.SchemaError('each item is {"_id": ..., "patch": [operations]}')
+                    coll.patch(doc_id, p["patch"])
+                    out.append({"_id": doc_id, "_collection": coll_name, "status": "PATCHED", "error": None})
+                except (rtindex.SchemaError, rtindex.NotFoundError) as e:
+                    out.append({"_id": doc_id, "_collection": coll_name, "status": "ERROR",
+                                "error": e.args[0] if e.args else str(e)})
+            return out
+
+        data = await anyio.to_thread.run_sync(apply_all)
+        return _reply({"data": data, "last_offset": coll.fence()})
+
+    async def healthz(self, request: Request) -> Response:
+        return _reply({"status": "ok", "role": "ingest"})
+
+
+def stored_id(coll: rtindex.Collection, text: str):
+    """The stored ``_id`` a URL path names (URLs carry strings; ``_id`` may be an integer):
+    the string if a document has it, else the integer it spells if one has that, else None."""
+    if coll.get(text) is not None:
+        return text
+    try:
+        as_int = int(text)
+    except ValueError:
+        return None
+    return as_int if str(as_int) == text and coll.get(as_int) is not None else None
+
+
+def rockset_collection(ws: str, coll: str) -> str:
+    """Rockset's workspace + collection as an rtindex collection name: ``commons`` is the
+    default workspace (plain names), any other is a prefix (``ws.coll``)."""
+    return coll if ws == "commons" else f"{ws}.{coll}"
+
+
+async def _errors(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, HttpError):
+        return Response(exc.body(), status_code=exc.status, media_type="application/json",
+                        headers={k.decode(): v.decode() for k, v in exc.headers})
+    if isinstance(exc, rtindex.StorageError):
+        return Response(HttpError(503, "StorageError", str(exc)).body(), status_code=503,
+                        media_type="application/json")
+    raise exc
+
+
+def build_app(db: rtindex.Database, config: ServerConfig):
+    svc = IngestService(db, config)
+
+    def wrap(handler):
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (HttpError, rtindex.StorageError) as e:
+                return await _errors(request, e)
+        return endpoint
+
+    routes = [
+        Route("/healthz", wrap(svc.healthz), methods=["GET"]),
+        Route("/v1/collections", wrap(svc.create_collection), methods=["POST"]),
+        Route("/v1/collections/{name}", wrap(svc.drop_collection), methods=["DELETE"]),
+        Route("/v1/collections/{name}/docs", wrap(svc.post_docs), methods=["POST"]),
+        Route("/v1/collections/{name}/docs/{doc_id:path}", wrap(svc.patch_doc), methods=["PATCH"]),
+        Route("/v1/collections/{name}/docs/{doc_id:path}", wrap(svc.delete_doc), methods=["DELETE"]),
+        Route("/v1/orgs/self/ws/{ws}/collections", wrap(svc.rockset_create), methods=["POST"]),
+        Route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", wrap(svc.rockset_docs), methods=["POST"]),
+        Route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", wrap(svc.rockset_patch), methods=["PATCH"]),
+    ]
+    app = Starlette(routes=routes)
+    return WriteBudget(app, config)

@@ -1,0 +1,423 @@
+"""A query process: a read replica of the data directory behind the public port.
+
+Layers, outermost first (all pure ASGI but the last):
+
+1. ``Front``: API keys and roles for every route, per-route metrics, and the lean path:
+   the query routes go straight to ``QueryService`` instead of through FastAPI's
+   routing, validation and serialization (docs/service.md has the measurement).
+2. ``Admission`` (server/admission.py) on the query routes.
+3. FastAPI for everything else: collection listing, document reads, metrics, keys, the
+   write routes (relayed to the ingest process, server/relay.py) and the OpenAPI docs of
+   every route, the query routes included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+from starlette.background import BackgroundTask
+
+import rtindex
+
+from . import metrics
+from .admission import Admission
+from .auth import KeyStore, key_from_headers, role_allows
+from .config import ServerConfig
+from .http import ARROW_STREAM, HttpError, header, parse_json, read_body, send_bytes, send_error
+from .ingest_app import stored_id
+from .relay import Relay
+
+log = logging.getLogger("rtindex.server")
+
+QUERY_PATHS = {"/v1/query", "/v1/orgs/self/queries", "/v1/noop"}
+OPEN_PATHS = {"/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+MAX_QUERY_BODY = 1 << 20  # SQL text plus parameters
+
+
+class QueryBody(BaseModel):
+    """``POST /v1/query``."""
+
+    sql: str = Field(description="one SELECT (docs/sql.md)")
+    parameters: dict[str, Any] | list[Any] | None = Field(None, description=":name (object) or ? (array) values")
+    min_fence: str | None = Field(None, description="wait until the writes of this fence are visible")
+    timeout_ms: int | None = Field(None, description="give up after this long (default: the server's)")
+
+
+class RocksetQueryBody(BaseModel):
+    """``POST /v1/orgs/self/queries``: Rockset's shape."""
+
+    sql: dict[str, Any] = Field(description='{"query": "...", "parameters": [{"name", "type", "value"}]}')
+
+
+class QueryService:
+    """Runs queries for both the lean route and the FastAPI one: one implementation."""
+
+    def __init__(self, db: rtindex.Database, config: ServerConfig):
+        self.db = db
+        self.config = config
+        self.limits = config.limits
+        self.pool = ThreadPoolExecutor(config.max_concurrent_queries, thread_name_prefix="rtindex-query")
+
+    # ------------------------------------------------------------ request -> query
+    def native(self, req: Any) -> tuple[str, Any, str | None, int]:
+        if not isinstance(req, dict) or not isinstance(req.get("sql"), str):
+            raise HttpError(400, "BadRequest", 'give {"sql": "SELECT ...", "parameters": {...}}')
+        return req["sql"], req.get("parameters"), req.get("min_fence"), self._timeout(req.get("timeout_ms"))
+
+    def rockset(self, req: Any) -> tuple[str, Any, str | None, int]:
+        sql = req.get("sql") if isinstance(req, dict) else None
+        if not isinstance(sql, dict) or not isinstance(sql.get("query"), str):
+            raise HttpError(400, "BadRequest", 'give {"sql": {"query": "SELECT ...", "parameters": [...]}}')
+        params = {}
+        for p in sql.get("parameters") or []:
+            if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+                raise HttpError(400, "BadRequest", 'each parameter is {"name", "type", "value"}')
+            params[p["name"]] = _rockset_value(p)
+        return sql["query"], params, None, self._timeout(sql.get("timeout_ms"))
+
+    def _timeout(self, ms: Any) -> int:
+        if ms is None:
+            return self.limits.default_query_ms
+        if isinstance(ms, bool) or not isinstance(ms, int) or ms <= 0:
+            raise HttpError(400, "BadRequest", "timeout_ms must be a positive integer")
+        if ms > self.limits.max_query_ms:
+            raise HttpError(400, "LimitExceeded", f"timeout_ms={ms} is over max_query_ms={self.limits.max_query_ms}",
+                            limit="max_query_ms")
+        return ms
+
+    # ------------------------------------------------------------ running
+    async def run(self, sql: str, params: Any, min_fence: str | None, timeout_ms: int,
+                  arrow: bool, rockset: bool, queued_ms: float
+                  ) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]], asyncio.Future | None]:
+        """(status, content type, body, headers, the worker still running after a timeout).
+        An Arrow reply carries its stats in the ``x-rtindex-stats`` header (JSON)."""
+        if len(sql) > self.limits.max_sql_chars:
+            raise HttpError(413, "LimitExceeded", f"the SQL text is {len(sql)} characters, over "
+                                                  f"max_sql_chars={self.limits.max_sql_chars}", limit="max_sql_chars")
+        t0 = time.perf_counter()
+        deadline = t0 + timeout_ms / 1000.0
+        if min_fence is not None:
+            await self._wait_fence(min_fence, deadline, timeout_ms)
+        staleness_ms = self.db.lag()["ms"]
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, self._execute, sql, params, arrow)
+        try:
+            body, res, n = await asyncio.wait_for(asyncio.shield(fut), max(deadline - time.perf_counter(), 0))
+        except asyncio.TimeoutError:
+            metrics.QUERY_TIMEOUTS.inc()
+            return 408, b"application/json", HttpError(
+                408, "Timeout", f"the query ran past timeout_ms={timeout_ms}", limit="timeout_ms").body(), [], fut
+        stats = {"elapsed_ms": round((time.perf_counter() - t0) * 1000.0, 3), "queued_ms": round(queued_ms, 3),
+                 "staleness_ms": round(staleness_ms, 3),
+                 "rows_matched": res.plan.matched_rows if res.plan is not None else None,
+                 "access_path": res.access, "rows": n}
+        metrics.STALENESS.observe(staleness_ms / 1000.0)
+        if arrow:
+            return 200, ARROW_STREAM.encode(), body, [(b"x-rtindex-stats", orjson.dumps(stats))], None
+        key = b'"results"' if rockset else b'"rows"'
+        return 200, b"application/json", b"{" + key + b":" + body + b',"stats":' + orjson.dumps(stats) + b"}", [], None
+
+    async def _wait_fence(self, fence: str, deadline: float, timeout_ms: int) -> None:
+        try:
+            while not self.db.caught_up(fence):
+                if time.perf_counter() >= deadline:
+                    raise HttpError(408, "Timeout", f"this replica did not reach min_fence within "
+                                                    f"timeout_ms={timeout_ms}", limit="timeout_ms")
+                await asyncio.sleep(0.0005)
+        except rtindex.FenceError as e:
+            raise HttpError(400, "BadRequest", str(e)) from None
+
+    def _execute(self, sql: str, params: Any, arrow: bool) -> tuple[bytes, rtindex.Result, int]:
+        """In a worker thread: the query, and its rows serialized (the event loop stays free)."""
+        try:
+            res = self.db.sql(sql, params)
+        except rtindex.NotFoundError as e:
+            raise HttpError(404, "NotFound", e.args[0] if e.args else str(e)) from None
+        except rtindex.SqlError as e:
+            raise HttpError(400, "BadSql", str(e)) from None
+        n = len(res)
+        if n > self.limits.max_result_rows:
+            raise HttpError(413, "LimitExceeded", f"the result has {n} rows, over max_result_rows="
+                                                  f"{self.limits.max_result_rows}: add a LIMIT or aggregate",
+                            limit="max_result_rows")
+        if arrow:
+            sink = pa.BufferOutputStream()
+            table = res.arrow()
+            with pa.ipc.new_stream(sink, table.schema) as w:
+                w.write_table(table)
+            body = sink.getvalue().to_pybytes()
+        else:
+            body = orjson.dumps(res.rows(), default=str, option=orjson.OPT_NON_STR_KEYS)
+        if len(body) > self.limits.max_result_bytes:
+            raise HttpError(413, "LimitExceeded", f"the result is {len(body)} bytes, over max_result_bytes="
+                                                  f"{self.limits.max_result_bytes}: add a LIMIT or select fewer fields",
+                            limit="max_result_bytes")
+        return body, res, n
+
+
+def _rockset_value(p: dict) -> Any:
+    """A Rockset query parameter's value by its type (Rockset sends values as strings)."""
+    t, v = str(p.get("type", "string")).lower(), p.get("value")
+    try:
+        if v is None or t in ("string", "timestamp", "date", "datetime"):
+            return v
+        if t == "int":
+            return int(v)
+        if t == "float":
+            return float(v)
+        if t == "bool":
+            return v if isinstance(v, bool) else str(v).lower() == "true"
+    except (TypeError, ValueError):
+        raise HttpError(400, "BadRequest", f"parameter {p.get('name')!r}: {v!r} is not a valid {t}") from None
+    raise HttpError(400, "BadRequest", f"parameter {p.get('name')!r}: unknown type {t!r} "
+                                       "(int, float, bool, string)")
+
+
+def required_role(method: str, path: str) -> str | None:
+    """Who may call a route: None (anyone), "read", "write" or "admin"."""
+    if path in OPEN_PATHS:
+        return None
+    if path == "/v1/keys" or path.startswith("/v1/keys/"):
+        return "admin"
+    if method == "GET" or path in QUERY_PATHS:
+        return "read"
+    parts = path.strip("/").split("/")
+    if (parts[:2] == ["v1", "collections"] and len(parts) <= 3) \
+            or (parts[:4] == ["v1", "orgs", "self", "ws"] and len(parts) == 6):
+        return "admin"
+    return "write"
+
+
+class Front:
+    """Keys, metrics and the lean query path, in front of everything (see the module doc)."""
+
+    def __init__(self, app, service: QueryService, keys: KeyStore, config: ServerConfig, *, lean: bool = True):
+        self.app = app
+        self.service = service
+        self.keys = keys
+        self.auth = config.auth
+        self.lean = lean
+        self.query = Admission(self._query, QUERY_PATHS, config.max_concurrent_queries, config.max_queued_queries,
+                               config.queue_timeout_ms / 1000.0, metrics.AdmissionGauges())
+        # FastAPI's query routes sit behind the same admission control as the lean ones
+        self.slow = Admission(app, QUERY_PATHS, config.max_concurrent_queries, config.max_queued_queries,
+                              config.queue_timeout_ms / 1000.0, metrics.AdmissionGauges())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_status(msg):
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        path, method = scope["path"], scope["method"]
+        try:
+            need = required_role(method, path)
+            if need is not None and self.auth:
+                key = key_from_headers(scope["headers"])
+                role = self.keys.role_of(key) if key else None
+                if role is None:
+                    raise HttpError(401, "Unauthorized", "give a valid API key: Authorization: ApiKey <key>"
+                                    if key is None else "this API key is not valid (revoked, or mistyped)")
+                if not role_allows(role, need):
+                    raise HttpError(403, "Forbidden", f"this API key's role is {role}; {method} {path} "
+                                                      f"needs {need}")
+            if path in QUERY_PATHS and method == "POST" and self.lean:
+                await self.query(scope, receive, send_status)
+            else:
+                await self.slow(scope, receive, send_status)
+        except HttpError as e:
+            await send_error(send_status, e)
+        except Exception:
+            log.exception("rtindex serve: %s %s failed", method, path)
+            if status == 500:  # nothing sent yet (a started reply cannot be changed)
+                await send_error(send_status, HttpError(500, "InternalError",
+                                                        "the server failed on this request; its log says why"))
+        finally:
+            route = scope.get("route")
+            label = path if path in QUERY_PATHS or path in OPEN_PATHS else (
+                route.path if route is not None else "unmatched")
+            metrics.REQUESTS.labels(label, str(status)).inc()
+            metrics.LATENCY.labels(label).observe(time.perf_counter() - t0)
+
+    async def _query(self, scope, receive, send):
+        """The lean query route (behind Admission)."""
+        fut = None
+        try:
+            req = parse_json(await read_body(receive, MAX_QUERY_BODY, "max_query_body_bytes"))
+            svc = self.service
+            path = scope["path"]
+            if path == "/v1/noop":
+                return await send_bytes(send, 200, b'{"rows":[],"stats":{}}')
+            sql, params, fence, timeout_ms = svc.rockset(req) if path != "/v1/query" else svc.native(req)
+            arrow = path == "/v1/query" and (header(scope, b"accept") or "").startswith(ARROW_STREAM)
+            status, ctype, body, headers, fut = await svc.run(
+                sql, params, fence, timeout_ms, arrow, path != "/v1/query", scope.get("rtindex.queued_ms", 0.0))
+            await send_bytes(send, status, body, ctype, headers)
+        except HttpError as e:
+            await send_error(send, e)
+        except rtindex.StorageError as e:
+            await send_error(send, HttpError(503, "StorageError", str(e)))
+        finally:
+            if fut is not None:  # a timed-out query keeps its slot until its thread is done
+                await asyncio.wait([fut])
+
+
+def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
+    """The query process's ASGI app (``lean=False`` sends queries through FastAPI too: the
+    comparison docs/service.md reports)."""
+    svc = QueryService(db, config)
+    keys = KeyStore(config.data)
+    relay = Relay(config.ingest_socket, config.limits.max_body_bytes)
+
+    async def sampler():
+        while True:
+            try:
+                metrics.observe_db(db)
+            except Exception:  # a closing database: the next sample is the next process's
+                pass
+            await asyncio.sleep(1.0)
+
+    async def lifespan(app):
+        task = asyncio.create_task(sampler())
+        yield
+        task.cancel()
+        await relay.aclose()
+        svc.pool.shutdown(wait=True)
+
+    app = FastAPI(title="rtindex", version=rtindex.__version__, lifespan=lifespan,
+                  description="Real-time indexing database for JSON: writes, SQL, Rockset-compatible routes. "
+                              "Every route but /healthz needs `Authorization: ApiKey <key>`.")
+
+    def error(e: HttpError) -> Response:
+        return Response(e.body(), status_code=e.status, media_type="application/json",
+                        headers={k.decode(): v.decode() for k, v in e.headers})
+
+    @app.exception_handler(HttpError)
+    async def _http_error(request: Request, e: HttpError):
+        return error(e)
+
+    @app.exception_handler(rtindex.StorageError)
+    async def _storage_error(request: Request, e: rtindex.StorageError):
+        return error(HttpError(503, "StorageError", str(e)))
+
+    async def query_reply(request: Request, parsed: tuple, rockset: bool) -> Response:
+        arrow = not rockset and request.headers.get("accept", "").startswith(ARROW_STREAM)
+        status, ctype, body, headers, fut = await svc.run(*parsed, arrow, rockset,
+                                                          request.scope.get("rtindex.queued_ms", 0.0))
+        background = BackgroundTask(asyncio.wait, [fut]) if fut is not None else None
+        return Response(body, status_code=status, media_type=ctype.decode(), background=background,
+                        headers={k.decode(): v.decode() for k, v in headers})
+
+    @app.post("/v1/query", tags=["query"], summary="Run one SELECT")
+    async def query(request: Request, body: QueryBody = Body(...)):
+        return await query_reply(request, svc.native(body.model_dump()), False)
+
+    @app.post("/v1/orgs/self/queries", tags=["rockset"], summary="Run one SELECT (Rockset's API)")
+    async def rockset_query(request: Request, body: RocksetQueryBody = Body(...)):
+        return await query_reply(request, svc.rockset(body.model_dump()), True)
+
+    @app.post("/v1/noop", tags=["query"], summary="Does nothing, through the query path (benchmarks' ceiling)")
+    async def noop(request: Request):
+        return Response(b'{"rows":[],"stats":{}}', media_type="application/json")
+
+    @app.get("/healthz", tags=["service"])
+    async def healthz():
+        lag = db.lag()
+        ingest = await relay.healthy()
+        return Response(orjson.dumps({"status": "ok" if ingest else "degraded", "role": "query",
+                                      "pid": os.getpid(), "ingest": "ok" if ingest else "unreachable",
+                                      "lag": lag}),
+                        status_code=200 if ingest else 503, media_type="application/json")
+
+    @app.get("/metrics", tags=["service"])
+    async def get_metrics():
+        metrics.observe_db(db)
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/collections", tags=["collections"], summary="Collections, with document counts and sizes")
+    async def list_collections():
+        out = []
+        for name in db.collection_names():
+            st = db[name].stats()
+            out.append({"name": name, "shards": len(st["shards"]), "documents": st["documents"],
+                        "disk_bytes": sum(s["disk_bytes"] for s in st["shards"])})
+        return Response(orjson.dumps({"collections": out}), media_type="application/json")
+
+    def collection(name: str) -> rtindex.Collection:
+        try:
+            return db[name]
+        except rtindex.NotFoundError:
+            raise HttpError(404, "NotFound", f"no collection named {name!r}") from None
+
+    @app.get("/v1/collections/{name}/docs/{doc_id:path}", tags=["documents"], summary="One document by _id")
+    async def get_doc(name: str, doc_id: str):
+        coll = collection(name)
+        found = stored_id(coll, doc_id)
+        if found is None:
+            raise HttpError(404, "NotFound", f"no document with _id {doc_id!r} in collection {name!r}")
+        return Response(orjson.dumps(coll.get(found)), media_type="application/json")
+
+    # writes: relayed to the ingest process
+    async def relay_write(request: Request):
+        return await relay.forward(request)
+
+    docs_body = {"requestBody": {"content": {
+        "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+        "application/x-ndjson": {"schema": {"type": "string"}}}}}
+    app.add_api_route("/v1/collections", relay_write, methods=["POST"], tags=["collections"],
+                      summary='Create a collection: {"name", "shards"} (admin)',
+                      openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
+                          "type": "object", "properties": {"name": {"type": "string"},
+                                                           "shards": {"type": "integer"}}}}}}})
+    app.add_api_route("/v1/collections/{name}", relay_write, methods=["DELETE"], tags=["collections"],
+                      summary="Drop a collection and its data (admin)")
+    app.add_api_route("/v1/collections/{name}/docs", relay_write, methods=["POST"], tags=["documents"],
+                      summary="Add or replace documents: a JSON array, or NDJSON streamed (write)",
+                      openapi_extra=docs_body)
+    app.add_api_route("/v1/collections/{name}/docs/{doc_id:path}", relay_write, methods=["PATCH"], tags=["documents"],
+                      summary="Apply a JSON Patch to one document (write)",
+                      openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
+                          "type": "array", "items": {"type": "object"}}}}}})
+    app.add_api_route("/v1/collections/{name}/docs/{doc_id:path}", relay_write, methods=["DELETE"], tags=["documents"],
+                      summary="Delete one document (write)")
+    app.add_api_route("/v1/orgs/self/ws/{ws}/collections", relay_write, methods=["POST"], tags=["rockset"],
+                      summary='Create a collection in a workspace: {"name"} (admin)')
+    app.add_api_route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", relay_write, methods=["POST"],
+                      tags=["rockset"], summary='Add documents: {"data": [...]} (write)')
+    app.add_api_route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", relay_write, methods=["PATCH"],
+                      tags=["rockset"], summary='Patch documents: {"data": [{"_id", "patch"}]} (write)')
+
+    @app.get("/v1/keys", tags=["keys"], summary="API keys (admin)")
+    async def list_keys():
+        return Response(orjson.dumps({"keys": keys.list()}), media_type="application/json")
+
+    @app.post("/v1/keys", tags=["keys"], summary='Make an API key: {"role", "name"}; the key is shown once (admin)')
+    async def create_key(body: dict = Body(...)):
+        try:
+            key, entry = keys.create(body.get("role", "read"), body.get("name", ""))
+        except ValueError as e:
+            raise HttpError(400, "BadRequest", str(e)) from None
+        return Response(orjson.dumps({**entry, "key": key}), status_code=201, media_type="application/json")
+
+    @app.delete("/v1/keys/{key_id}", tags=["keys"], summary="Revoke an API key (admin)")
+    async def revoke_key(key_id: str):
+        if not keys.revoke(key_id):
+            raise HttpError(404, "NotFound", f"no API key with id {key_id!r}")
+        return Response(orjson.dumps({"id": key_id, "revoked": True}), media_type="application/json")
+
+    return Front(app, svc, keys, config, lean=lean)

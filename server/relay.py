@@ -1,0 +1,55 @@
+"""Relays write requests from a query process to the ingest process, bytes unparsed.
+
+A query process shares the public port with the other query processes; the ingest process
+listens only on a private Unix socket. Writes that reach a query process are passed on
+as they arrive (the body streamed in, the reply streamed out) over one pooled HTTP
+connection per in-flight request, so a query process spends a copy of the bytes on a
+write, not the parsing and indexing of it.
+"""
+
+from __future__ import annotations
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from .http import HttpError, too_large
+
+_PASSED = {"content-type", "content-length", "accept"}
+
+
+class Relay:
+    def __init__(self, socket_path: str, max_body_bytes: int):
+        self.max_body_bytes = max_body_bytes
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=socket_path, retries=0),
+            base_url="http://ingest", timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+
+    async def forward(self, request: Request) -> StreamingResponse:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            # refused here: the ingest process would refuse it too, but only once the
+            # relay had sent it the whole body
+            raise too_large("max_body_bytes", self.max_body_bytes, "the request body")
+        headers = [(k, v) for k, v in request.headers.items() if k in _PASSED]
+        url = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        req = self._client.build_request(request.method, url, headers=headers, content=request.stream())
+        try:
+            resp = await self._client.send(req, stream=True)
+        except httpx.TransportError:
+            raise HttpError(503, "Unavailable", "the ingest process is not reachable right now (it may be "
+                                                "restarting); retry the write", headers=[(b"retry-after", b"1")]) from None
+        out_headers = {k: v for k, v in resp.headers.items() if k in ("content-type", "retry-after")}
+        return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out_headers,
+                                 background=BackgroundTask(resp.aclose))
+
+    async def healthy(self) -> bool:
+        try:
+            return (await self._client.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,66 @@
+"""A child process of ``rtindex serve``: ``python -m rtindex.server.worker ingest|query``.
+
+The supervisor passes the configuration in ``RTINDEX_SERVER_CONFIG`` (JSON) and, to query
+processes, the shared listening socket as file descriptor ``RTINDEX_LISTEN_FD``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when the supervisor dies, however it dies, so a killed
+    supervisor never leaves a writer holding the data directory's lock."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the supervisor's stop() is what ends us
+    if os.getppid() == 1:  # the supervisor died before prctl took effect
+        sys.exit(1)
+
+
+def main(role: str) -> int:
+    from .config import ServerConfig
+
+    _die_with_parent()
+    config = ServerConfig.from_json(os.environ["RTINDEX_SERVER_CONFIG"])
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = config.metrics_dir  # before prometheus_client loads
+    import uvicorn
+
+    import rtindex
+
+    common = dict(log_level="warning", access_log=False, http="httptools", lifespan="on",
+                  timeout_graceful_shutdown=30, server_header=False, date_header=False)
+    if role == "ingest":
+        from . import ingest_app
+
+        db = rtindex.open(config.data)
+        app = ingest_app.build_app(db, config)
+        server = uvicorn.Server(uvicorn.Config(app, uds=config.ingest_socket, **common))
+        sockets = None
+    elif role == "query":
+        from . import query_app
+
+        db = rtindex.open(config.data, role="reader")
+        app = query_app.build_app(db, config)
+        server = uvicorn.Server(uvicorn.Config(app, **common))
+        sockets = [socket.socket(fileno=int(os.environ["RTINDEX_LISTEN_FD"]))]
+    else:
+        print(f"unknown role {role!r}", file=sys.stderr)
+        return 2
+    try:
+        server.run(sockets=sockets)  # until SIGTERM/SIGINT: stops accepting, finishes requests
+    finally:
+        db.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
