@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 from fastapi import Body, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
@@ -420,4 +421,18 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
             raise HttpError(404, "NotFound", f"no API key with id {key_id!r}")
         return Response(orjson.dumps({"id": key_id, "revoked": True}), media_type="application/json")
 
+    def openapi() -> dict:
+        """The schema, with the API-key header declared (so /docs has an Authorize button;
+        enter ``ApiKey <key>``). The key is checked in ``Front``, for every route."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "ApiKey": {"type": "apiKey", "in": "header", "name": "Authorization",
+                           "description": "ApiKey <key> (or Bearer <key>)"}}
+            schema["security"] = [{"ApiKey": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return Front(app, svc, keys, config, lean=lean)
