@@ -30,11 +30,17 @@ def arrow_type(tag: int) -> pa.DataType:
     return ARROW_TYPES[tag]
 
 
-def dense(tag: int, offsets: array, values: list, n: int) -> pa.Array:
-    """An array of length ``n`` with ``values[i]`` at ``offsets[i]`` and nulls elsewhere."""
+def values_array(tag: int, values: list) -> pa.Array:
+    """A column's values (of one type tag) as Arrow; a null column's as ``True``s."""
     if tag == keys.NULL:
         values = [True] * len(values)
-    vals = pa.array(values, type=ARROW_TYPES[tag])
+    return pa.array(values, type=ARROW_TYPES[tag])
+
+
+def dense(tag: int, offsets: array, values: list | pa.Array, n: int) -> pa.Array:
+    """An array of length ``n`` with ``values[i]`` at ``offsets[i]`` and nulls elsewhere
+    (``values`` a list, or already its :func:`values_array`)."""
+    vals = values if isinstance(values, pa.Array) else values_array(tag, values)
     if len(offsets) == n:  # every row has a value: offsets are 0..n-1
         return vals
     idx = np.full(n, -1, dtype=np.int64)

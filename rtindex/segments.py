@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import FrozenBitMap
 
-from rtindex import segfile
+from rtindex import columns, segfile
 from rtindex.errors import CorruptionError
 from rtindex.segfile import SegmentFile
 
@@ -27,7 +27,7 @@ class Segment:
     runs once the last reader state that refers to it is gone."""
 
     __slots__ = ("segid", "base", "n", "live", "file", "column_keys", "column_set", "block_keys", "term_memo",
-                 "merged_into", "__weakref__")
+                 "merged_into", "_live_offsets", "__weakref__")
 
     def __init__(self, segid: int, file: SegmentFile):
         self.segid = segid
@@ -43,6 +43,14 @@ class Segment:
         # the segment a merge turned this one into: a reader still holding this one keeps the
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
+        self._live_offsets: pa.Array | None = None
+
+    @property
+    def live_offsets(self) -> pa.Array:
+        """``live`` as a uint32 Arrow array, made once: every scan of the segment needs it."""
+        if self._live_offsets is None:
+            self._live_offsets = pa.array(np.frombuffer(self.live.to_array(), dtype=np.uint32))
+        return self._live_offsets
 
 
 def open_segment(directory: str, segid: int, descriptor: dict, shard_index: int) -> Segment:
@@ -57,7 +65,7 @@ def open_segment(directory: str, segid: int, descriptor: dict, shard_index: int)
 class MemSegment:
     """An in-memory segment: mutable while active, read-only once rotated out for sealing."""
 
-    __slots__ = ("builder", "base", "sealed_as", "__weakref__")
+    __slots__ = ("builder", "base", "sealed_as", "_arrow", "__weakref__")
 
     def __init__(self, builder, base: int):
         self.builder = builder
@@ -65,6 +73,27 @@ class MemSegment:
         # the Segment it became: a reader still holding this MemSegment keeps that Segment
         # (and so its rows) alive until the reader is done, even after a merge retires it
         self.sealed_as: Segment | None = None
+        self._arrow: dict[bytes, pa.Array] = {}  # column key -> its values converted so far
+
+    def arrow_values(self, column_key: bytes, values: list) -> pa.Array:
+        """``values``, the first k values of a column as ``builder.column`` gives them, as
+        Arrow. A column's values only ever grow at the end (a builder is never rewound:
+        a failed write replaces the MemSegment), so the array made for an earlier scan is
+        kept and only the values added since are converted. A scan of the unsealed segment
+        then costs a copy per query instead of converting every value from Python objects
+        (benchmarks/rockbench.py: the evaluator's query spent 64% of its time there). Costs
+        the memory of the scanned columns once more, until the segment is sealed."""
+        k = len(values)
+        have = self._arrow.get(column_key)
+        if have is not None and len(have) >= k:
+            return have.slice(0, k)
+        tag = column_key[-1]
+        if have is None:
+            arr = columns.values_array(tag, values)
+        else:
+            arr = pa.concat_arrays([have, columns.values_array(tag, values[len(have):])])
+        self._arrow[column_key] = arr  # racing scans store prefixes of the same values: any is right
+        return arr
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,7 +228,7 @@ class Shard:
                 if len(cols[-1]) != len(live):
                     raise CorruptionError(f"shard {self.index}: column chunk of the wrong length in segment "
                                           f"{view.seg.segid} ({view.seg.file.path})")
-            offsets = pa.array(live.to_array(), type=pa.uint32())
+            offsets = view.seg.live_offsets
             if view.deleted:
                 keep = keep_mask(live, view.deleted)
                 offsets = offsets.filter(keep)
@@ -241,6 +241,8 @@ class Shard:
                 offs, vals = view.seg.builder.column(ck, n)
                 if len(offs):
                     by_key[ck] = (offs, vals)
+        for ck, (offs, vals) in by_key.items():  # outside the lock: vals is a copy
+            by_key[ck] = (offs, view.seg.arrow_values(ck, vals))
         cols = [columns.dense(ck[-1], *by_key[ck], n) if ck in by_key else columns.nulls(ck[-1], n) for ck in colkeys]
         offsets = pa.array(np.arange(n, dtype=np.uint32))
         if view.deleted:
