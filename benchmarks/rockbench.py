@@ -87,6 +87,7 @@ def evaluator_main(url: str, key: str, opts: dict, ready: Any, go: Any, stop: An
         client = RawClient(url, key)
         pause = opts["eval_interval_ms"] / 1000.0
         latency: list[float] = []
+        at: list[float] = []  # time.time() of each latency sample (for --plot)
         query_ms: list[float] = []
         gap_ms: list[float] = []
         server_ms: list[float] = []
@@ -117,6 +118,7 @@ def evaluator_main(url: str, key: str, opts: dict, ready: Any, go: Any, stop: An
                     empty += 1  # nothing of this generator visible yet
                 elif t_send / 1e6 >= shared[0]:
                     latency.append((t_recv - ts) / 1000.0)
+                    at.append(t_send / 1e6)
                     query_ms.append((t_recv - t_send) / 1000.0)
                     gap_ms.append(max(0.0, acked - ts) / 1000.0)
                     st = r.get("stats") or {}
@@ -127,7 +129,7 @@ def evaluator_main(url: str, key: str, opts: dict, ready: Any, go: Any, stop: An
             if pause:
                 time.sleep(pause)
         client.close()
-        results.put(("evaluator", {"latency": latency, "query_ms": query_ms, "gap_ms": gap_ms,
+        results.put(("evaluator", {"latency": latency, "at": at, "query_ms": query_ms, "gap_ms": gap_ms,
                                    "server_ms": server_ms, "staleness_ms": staleness_ms,
                                    "errors": errors, "empty": empty, "first_error": first_error}))
     except BaseException as e:  # noqa: BLE001 - reported to the orchestrator
@@ -263,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dir", default=None, help="parent of the temporary working directory (default /tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
+    ap.add_argument("--plot", default=None, help="write a PNG of data latency and query round trip over time")
     args = ap.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else (25.0 if args.quick else 120.0)
     if args.dir:
@@ -318,8 +321,38 @@ def main(argv: list[str] | None = None) -> int:
     check("generator at >= 95% of its target rate", out["docs_per_s"], rate_ok, "{:,.0f} docs/s")
     for msg in res["errors"]:
         log(f"!! {msg}")
+    if args.plot:
+        plot(args.plot, e, out)
     print(json.dumps(rnd(out)))
     return 1 if res["errors"] else 0
+
+
+def plot(path: str, e: dict, out: dict) -> None:
+    """Data latency and the evaluator's round trip over the measured time (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    at = e.get("at") or []
+    if not at:
+        log("--plot: no latency samples to plot")
+        return
+    t0 = at[0]
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    ax.plot([t - t0 for t in at], e["latency"], ".", ms=3, label="data latency (now - newest _event_time)")
+    ax.plot([t - t0 for t in at], e["query_ms"], ".", ms=3, alpha=0.6, label="evaluator query round trip")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title(f"rtindex serve, RockBench method: target {out['target_mb_per_s']} MB/s, "
+                 f"achieved {out['achieved_mb_per_s'] or 0:.1f} MB/s; p50 {out['latency_p50_ms']} ms, "
+                 f"p99 {out['latency_p99_ms']} ms", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log(f"plot: {path}")
 
 
 if __name__ == "__main__":

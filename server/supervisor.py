@@ -75,9 +75,12 @@ class Supervisor:
         if role == "query":
             env["RTINDEX_LISTEN_FD"] = str(self.sock.fileno())
             fds = (self.sock.fileno(),)
-        # own session: a Ctrl-C in the terminal reaches only the supervisor, which stops them in order
-        return subprocess.Popen([sys.executable, "-m", "rtindex.server.worker", role], env=env, pass_fds=fds,
-                                start_new_session=True)
+        # -P: not the current directory first on sys.path, or a checkout of the source (the
+        # README's case: `rtindex serve` run from the repository) would shadow the installed
+        # package and its compiled extensions. Own session: a Ctrl-C in the terminal reaches
+        # only the supervisor, which stops the children in order.
+        return subprocess.Popen([sys.executable, "-P", "-m", "rtindex.server.worker", role], env=env,
+                                pass_fds=fds, start_new_session=True)
 
     def start(self) -> None:
         cfg = self.config

@@ -16,12 +16,12 @@ START_SECONDS = 90
 class Served:
     """``rtindex serve --port 0 ...`` in a subprocess; ``url``, ``admin_key``, ``client()``."""
 
-    def __init__(self, data: str, *args: str):
+    def __init__(self, data: str, *args: str, cwd: str | None = None):
         self.data = data
         self.output: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rtindex", "serve", "--data", data, "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        self.proc = subprocess.Popen(  # -P: the installed rtindex, whatever the working directory
+            [sys.executable, "-P", "-m", "rtindex", "serve", "--data", data, "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, cwd=cwd,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.url = ""
         self.admin_key: str | None = None

@@ -348,6 +348,21 @@ def test_sigterm_keeps_acknowledged_writes_and_sigkilled_query_process_comes_bac
         assert all(coll.get(i) is not None for i in range(acked)), f"lost an acknowledged write of {acked}"
 
 
+def test_children_ignore_a_source_checkout_in_the_working_directory(tmp_path):
+    """`rtindex serve` run from a checkout of the source (the README's case, after a
+    non-editable install) must not start its children on that checkout's uncompiled
+    package: they run with the installed one."""
+    shadow = tmp_path / "checkout" / "rtindex"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the source checkout, not the installed package')\n")
+    s = Served(str(tmp_path / "db"), cwd=str(shadow.parent))
+    try:
+        with s.client() as c:
+            assert c.get("/healthz").json()["ingest"] == "ok"
+    finally:
+        assert s.stop() == 0, "".join(s.output)
+
+
 def test_no_auth_only_on_loopback():
     with pytest.raises(ValueError, match="loopback"):
         ServerConfig(data="x", host="0.0.0.0", auth=False).check()
