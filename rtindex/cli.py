@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-queued-queries", type=int, default=64, help="per query process (default 64)")
     p.add_argument("--queue-timeout-ms", type=int, default=1000, help="longest wait for a query slot (default 1000)")
     p.add_argument("--no-auth", action="store_true", help="no API keys (refused unless --host is a loopback address)")
-    p.add_argument("--demo", action="store_true", help=f"load demo events into a collection 'demo_events' if it is missing")
+    p.add_argument("--demo", action="store_true", help="load demo events into a collection 'demo_events' if it is missing")
+    p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                   help="change a request limit, e.g. --limit max_body_bytes=16777216 (docs/service.md, Limits)")
     p = sub.add_parser("keys", help="manage the service's API keys")
     p.add_argument("action", choices=["create", "list", "revoke"])
     p.add_argument("--data", default=DEFAULT_DIR, help=f"database directory (default: ./{DEFAULT_DIR})")
@@ -163,13 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--id", help="for revoke: the key's id (from list)")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        from rtindex.server.config import ServerConfig
+        from rtindex.server.config import ServerConfig, parse_limits
         from rtindex.server.supervisor import serve
 
+        try:
+            limits = parse_limits(args.limit)
+        except ValueError as e:
+            parser.error(str(e))
         return serve(ServerConfig(data=args.data, host=args.host, port=args.port, query_workers=args.query_workers,
                                   max_concurrent_queries=args.max_concurrent_queries,
                                   max_queued_queries=args.max_queued_queries, queue_timeout_ms=args.queue_timeout_ms,
-                                  auth=not args.no_auth, demo=args.demo))
+                                  auth=not args.no_auth, demo=args.demo, limits=limits))
     if args.command == "keys":
         return _keys(args, parser)
     if args.command == "demo":

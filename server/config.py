@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -60,6 +60,24 @@ class ServerConfig:
         if not self.auth and not is_loopback(self.host):
             raise ValueError(f"--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), "
                              f"not on {self.host!r}: anyone who can reach it could read and write everything")
+
+
+def parse_limits(items: list[str]) -> Limits:
+    """``["max_body_bytes=1000", ...]`` (``--limit``) over the defaults; ValueError naming
+    what is wrong."""
+    names = [f.name for f in fields(Limits)]
+    values = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in names:
+            raise ValueError(f"--limit {item!r}: give NAME=VALUE, NAME one of {', '.join(names)}")
+        try:
+            values[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--limit {item!r}: the value must be an integer") from None
+        if values[name] <= 0:
+            raise ValueError(f"--limit {item!r}: the value must be positive")
+    return Limits(**values)
 
 
 def is_loopback(host: str) -> bool:

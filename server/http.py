@@ -44,10 +44,6 @@ async def send_bytes(send, status: int, body: bytes, content_type: bytes = JSON,
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_json(send, status: int, obj) -> None:
-    await send_bytes(send, status, orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS))
-
-
 async def send_error(send, err: HttpError) -> None:
     await send_bytes(send, err.status, err.body(), headers=err.headers)
 

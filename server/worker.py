@@ -61,7 +61,8 @@ def main(role: str) -> int:
     if role == "ingest":
         from . import ingest_app
 
-        db = rtindex.open(config.data)
+        db = rtindex.open(config.data, max_document_bytes=config.limits.max_document_bytes,
+                          max_depth=config.limits.max_depth)
         app = ingest_app.build_app(db, config)
         server = uvicorn.Server(uvicorn.Config(app, uds=config.ingest_socket, **common))
         sockets = None

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 import rtindex
-from rtindex.server.config import ServerConfig
+from rtindex.server.config import Limits, ServerConfig, parse_limits
 from tests.serving import Served
 
 
@@ -278,13 +278,16 @@ def test_metrics_and_health(served, admin):
 
 def test_overload_is_refused_fast_and_bounded(tmp_path):
     s = Served(str(tmp_path / "db"), "--max-concurrent-queries", "1", "--max-queued-queries", "2",
-               "--queue-timeout-ms", "5000")
+               "--queue-timeout-ms", "5000", "--limit", "max_sql_chars=300")
     try:
         with s.client() as c:
             c.post("/v1/collections", json={"name": "big", "shards": 1})
             for i in range(0, 60_000, 10_000):
                 c.post("/v1/collections/big/docs", json=[{"_id": j, "g": j % 97, "s": f"v{j}"} for j in range(i, i + 10_000)])
         slow = {"sql": "SELECT s, COUNT(*) AS n FROM big GROUP BY s ORDER BY n DESC, s LIMIT 5"}
+        with s.client() as c:  # the configured limit, not the default
+            r = c.post("/v1/query", json={"sql": "SELECT s FROM big WHERE g = 1" + " OR g = 1" * 40})
+            assert r.status_code == 413 and r.json()["limit"] == "max_sql_chars" and "300" in r.json()["message"]
 
         def one(_):
             t = time.perf_counter()
@@ -361,6 +364,14 @@ def test_children_ignore_a_source_checkout_in_the_working_directory(tmp_path):
             assert c.get("/healthz").json()["ingest"] == "ok"
     finally:
         assert s.stop() == 0, "".join(s.output)
+
+
+def test_limits_from_the_command_line():
+    assert parse_limits(["max_body_bytes=10", "max_sql_chars=5"]) == Limits(max_body_bytes=10, max_sql_chars=5)
+    for bad, why in (["nope=1"], "NAME=VALUE"), (["max_body_bytes"], "NAME=VALUE"), \
+            (["max_body_bytes=x"], "integer"), (["max_body_bytes=0"], "positive"):
+        with pytest.raises(ValueError, match=why):
+            parse_limits(bad)
 
 
 def test_no_auth_only_on_loopback():
