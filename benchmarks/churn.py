@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import shutil
@@ -76,6 +75,7 @@ if str(REPO) not in sys.path:
 import rtindex  # noqa: E402
 from rtindex import datagen  # noqa: E402
 
+from benchmarks.figures import rnd  # noqa: E402
 from benchmarks.ingest import EVENT_TIME_BASE_US, generating_input, log, rss_mb  # noqa: E402
 
 MB = 1e6
@@ -319,14 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{'PASS' if ok else 'FAIL'}: {name}: {detail}")
     out["pass"] = all(ok for _, ok, _ in checks)
 
-    def rnd(v: Any) -> Any:
-        if isinstance(v, float):
-            return round(v, 3) if math.isfinite(v) else None
-        if isinstance(v, dict):
-            return {k: rnd(x) for k, x in v.items()}
-        return v
-
-    print(json.dumps({k: rnd(v) for k, v in out.items()}))
+    print(json.dumps(rnd(out)))
     return 0
 
 

@@ -76,8 +76,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._service import (  # noqa: E402
-    CLIENTS, CpuMeter, check, cleanup_dir, client_cpu_per_request, log, paced_writer, rnd,
-    server_pids, server_problems, start_server, summary)
+    CLIENTS, CpuMeter, cleanup_dir, client_cpu_per_request, log, paced_writer, server_pids, server_problems,
+    start_server)
+from benchmarks.figures import check, rnd, summary  # noqa: E402
 
 COLL = "ev"
 SQL = {"processby": f"SELECT * FROM {COLL} WHERE processBy = :p",

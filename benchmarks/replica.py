@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import queue
@@ -70,6 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.figures import percentile, rnd  # noqa: E402
 from benchmarks.ingest import log  # noqa: E402
 
 MB = 1e6
@@ -116,13 +116,6 @@ def last_ack(latest: Any) -> tuple[int, int, float, int]:
             return -1, -1, 0.0, 0
         i = _ring(b)
         return b, int(latest[i]), latest[i + 1], int(latest[_ACKED_DOCS])
-
-
-def percentile(sorted_vals: list[float], q: float) -> float | None:
-    if not sorted_vals:
-        return None
-    k = min(len(sorted_vals) - 1, max(0, math.ceil(q / 100 * len(sorted_vals)) - 1))
-    return sorted_vals[k]
 
 
 class Aborted(Exception):
@@ -579,14 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     for e in out["errors"]:
         log(f"!! {e}")
 
-    def rnd(v: Any) -> Any:
-        if isinstance(v, float):
-            return round(v, 3) if math.isfinite(v) else None
-        if isinstance(v, dict):
-            return {k: rnd(x) for k, x in v.items()}
-        return v
-
-    print(json.dumps({k: rnd(v) for k, v in out.items()}))
+    print(json.dumps(rnd(out)))
     return 1 if out["errors"] else 0
 
 

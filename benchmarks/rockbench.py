@@ -66,8 +66,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._service import (  # noqa: E402
-    CpuMeter, RawClient, check, cleanup_dir, log, paced_writer, rnd, server_pids, server_problems,
-    start_server, summary)
+    CpuMeter, RawClient, cleanup_dir, log, paced_writer, server_pids, server_problems, start_server)
+from benchmarks.figures import check, rnd, summary  # noqa: E402
 
 TARGET_P50_MS = 5.0
 TARGET_P99_MS = 20.0
