@@ -102,13 +102,17 @@ class KeyStore:
 
     def create(self, role: str, name: str = "") -> tuple[str, dict]:
         """A new key of ``role``: (the key, shown once and never stored; its public entry)."""
+        with self._locked() as keys:
+            return self._add(keys, role, name)
+
+    def _add(self, keys: list[dict], role: str, name: str) -> tuple[str, dict]:
+        """Add a key to ``keys`` (read under the lock, which the caller holds) and write them."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
         key = "rtk_" + secrets.token_urlsafe(32)
         entry = {"id": "k_" + secrets.token_hex(6), "name": str(name)[:200], "role": role,
                  "created": int(time.time()), "hash": _hash(key)}
-        with self._locked() as keys:
-            self._write(keys + [entry])
+        self._write(keys + [entry])
         return key, public(entry)
 
     def revoke(self, key_id: str) -> bool:
@@ -128,7 +132,7 @@ class KeyStore:
         with self._locked() as keys:
             if any(k["role"] == "admin" for k in keys):
                 return None
-        return self.create("admin", "first admin key")[0]
+            return self._add(keys, "admin", "first admin key")[0]
 
 
 def public(entry: dict) -> dict:

@@ -9,6 +9,7 @@ the rtindex errors whose messages are written for users.
 from __future__ import annotations
 
 import orjson
+from starlette.responses import Response
 
 JSON = b"application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -34,6 +35,15 @@ class HttpError(Exception):
 
 def too_large(limit: str, value: int, what: str) -> HttpError:
     return HttpError(413, "LimitExceeded", f"{what} is over {limit}={value}", limit=limit)
+
+
+def json_response(obj, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def error_response(err: HttpError) -> Response:
+    return Response(err.body(), status_code=err.status, media_type="application/json",
+                    headers={k.decode(): v.decode() for k, v in err.headers})
 
 
 async def send_bytes(send, status: int, body: bytes, content_type: bytes = JSON,

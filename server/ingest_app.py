@@ -11,6 +11,7 @@ loop keeps receiving other requests' bytes meanwhile.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import anyio
 import orjson
@@ -23,14 +24,10 @@ import rtindex
 
 from . import metrics
 from .config import ServerConfig
-from .http import NDJSON, HttpError, send_error, too_large
+from .http import NDJSON, HttpError, error_response, json_response, send_error, too_large
 
 BATCH_DOCS = 1_000
 BATCH_BYTES = 4 << 20
-
-
-def _reply(obj, status: int = 200) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
 class WriteBudget:
@@ -206,24 +203,27 @@ class IngestService:
         return items, state["fence"]
 
     # ---------------------------------------------------------------- native routes
-    async def create_collection(self, request: Request) -> Response:
-        body = await self._json(request)
-        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-            raise HttpError(400, "BadRequest", 'give {"name": ..., "shards": ...} (shards optional, default 4)')
-        shards = body.get("shards", 4)
+    def _create(self, name: str, shards) -> rtindex.Collection:
+        """Create a collection for either API's route, with the same refusals."""
         try:
-            coll = self.db.create_collection(body["name"], shards=shards)
+            return self.db.create_collection(name, shards=shards)
         except rtindex.AlreadyExistsError as e:
             raise HttpError(409, "AlreadyExists", str(e)) from None
         except ValueError as e:
             raise HttpError(400, "BadRequest", str(e)) from None
-        return _reply({"name": coll.name, "shards": coll.n_shards, "fence": coll.fence()}, 201)
+
+    async def create_collection(self, request: Request) -> Response:
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise HttpError(400, "BadRequest", 'give {"name": ..., "shards": ...} (shards optional, default 4)')
+        coll = self._create(body["name"], body.get("shards", 4))
+        return json_response({"name": coll.name, "shards": coll.n_shards, "fence": coll.fence()}, 201)
 
     async def drop_collection(self, request: Request) -> Response:
         name = request.path_params["name"]
         self.collection(name)
         await anyio.to_thread.run_sync(self.db.drop_collection, name)
-        return _reply({"name": name, "dropped": True})
+        return json_response({"name": name, "dropped": True})
 
     async def post_docs(self, request: Request) -> Response:
         coll = self.collection(request.path_params["name"])
@@ -235,7 +235,7 @@ class IngestService:
                 raise HttpError(400, "BadRequest", "the body must be a JSON array of documents "
                                                    f"(or NDJSON sent as {NDJSON})")
             items, fence = await self.write_docs(coll, docs)
-        return _reply({"items": items, "fence": fence})
+        return json_response({"items": items, "fence": fence})
 
     async def patch_doc(self, request: Request) -> Response:
         coll = self.collection(request.path_params["name"])
@@ -247,21 +247,21 @@ class IngestService:
             doc = await anyio.to_thread.run_sync(coll.patch, doc_id, ops)
         except rtindex.SchemaError as e:
             raise HttpError(400, "BadRequest", str(e)) from None
-        return _reply({"_id": doc_id, "status": "PATCHED", "document": doc, "fence": coll.fence()})
+        return json_response({"_id": doc_id, "status": "PATCHED", "document": doc, "fence": coll.fence()})
 
     async def delete_doc(self, request: Request) -> Response:
         coll = self.collection(request.path_params["name"])
         doc_id = self._stored_id(coll, request.path_params["doc_id"])
         await anyio.to_thread.run_sync(coll.delete, doc_id)
-        return _reply({"_id": doc_id, "status": "DELETED", "fence": coll.fence()})
+        return json_response({"_id": doc_id, "status": "DELETED", "fence": coll.fence()})
 
     @staticmethod
     def _stored_id(coll: rtindex.Collection, text: str):
         """The stored ``_id`` a URL names: the string, or else the integer it spells."""
-        doc_id = stored_id(coll, text)
-        if doc_id is None:
+        found = stored_doc(coll, text)
+        if found is None:
             raise HttpError(404, "NotFound", f"no document with _id {text!r} in collection {coll.name!r}")
-        return doc_id
+        return found[0]
 
     # ---------------------------------------------------------------- Rockset's routes
     def rockset_name(self, request: Request) -> str:
@@ -273,14 +273,8 @@ class IngestService:
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             raise HttpError(400, "BadRequest", 'give {"name": ...}')
         ws = request.path_params["ws"]
-        name = rockset_collection(ws, body["name"])
-        try:
-            self.db.create_collection(name, shards=body.get("shards", 4))
-        except rtindex.AlreadyExistsError as e:
-            raise HttpError(409, "AlreadyExists", str(e)) from None
-        except ValueError as e:
-            raise HttpError(400, "BadRequest", str(e)) from None
-        return _reply({"data": {"name": body["name"], "workspace": ws, "status": "READY"}})
+        self._create(rockset_collection(ws, body["name"]), body.get("shards", 4))
+        return json_response({"data": {"name": body["name"], "workspace": ws, "status": "READY"}})
 
     async def rockset_docs(self, request: Request) -> Response:
         name = self.rockset_name(request)
@@ -290,7 +284,7 @@ class IngestService:
             raise HttpError(400, "BadRequest", 'give {"data": [documents]}')
         items, fence = await self.write_docs(coll, body["data"])
         coll_name = request.path_params["coll"]
-        return _reply({"data": [{"_id": it["_id"], "_collection": coll_name, "status": it["status"],
+        return json_response({"data": [{"_id": it["_id"], "_collection": coll_name, "status": it["status"],
                                  "error": it["error"]} for it in items], "last_offset": fence})
 
     async def rockset_patch(self, request: Request) -> Response:
@@ -317,38 +311,31 @@ class IngestService:
             return out
 
         data = await anyio.to_thread.run_sync(apply_all)
-        return _reply({"data": data, "last_offset": coll.fence()})
+        return json_response({"data": data, "last_offset": coll.fence()})
 
     async def healthz(self, request: Request) -> Response:
-        return _reply({"status": "ok", "role": "ingest"})
+        return json_response({"status": "ok", "role": "ingest"})
 
 
-def stored_id(coll: rtindex.Collection, text: str):
-    """The stored ``_id`` a URL path names (URLs carry strings; ``_id`` may be an integer):
-    the string if a document has it, else the integer it spells if one has that, else None."""
-    if coll.get(text) is not None:
-        return text
+def stored_doc(coll: rtindex.Collection, text: str) -> tuple[Any, dict] | None:
+    """(stored ``_id``, document) of the document a URL path names (URLs carry strings;
+    ``_id`` may be an integer): the string if a document has it, else the integer it
+    spells if one has that, else None."""
+    doc = coll.get(text)
+    if doc is not None:
+        return text, doc
     try:
         as_int = int(text)
     except ValueError:
         return None
-    return as_int if str(as_int) == text and coll.get(as_int) is not None else None
+    doc = coll.get(as_int) if str(as_int) == text else None
+    return (as_int, doc) if doc is not None else None
 
 
 def rockset_collection(ws: str, coll: str) -> str:
     """Rockset's workspace + collection as an rtindex collection name: ``commons`` is the
     default workspace (plain names), any other is a prefix (``ws.coll``)."""
     return coll if ws == "commons" else f"{ws}.{coll}"
-
-
-async def _errors(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, HttpError):
-        return Response(exc.body(), status_code=exc.status, media_type="application/json",
-                        headers={k.decode(): v.decode() for k, v in exc.headers})
-    if isinstance(exc, rtindex.StorageError):
-        return Response(HttpError(503, "StorageError", str(exc)).body(), status_code=503,
-                        media_type="application/json")
-    raise exc
 
 
 def build_app(db: rtindex.Database, config: ServerConfig):
@@ -358,8 +345,10 @@ def build_app(db: rtindex.Database, config: ServerConfig):
         async def endpoint(request: Request) -> Response:
             try:
                 return await handler(request)
-            except (HttpError, rtindex.StorageError) as e:
-                return await _errors(request, e)
+            except HttpError as e:
+                return error_response(e)
+            except rtindex.StorageError as e:
+                return error_response(HttpError(503, "StorageError", str(e)))
         return endpoint
 
     routes = [

@@ -34,8 +34,9 @@ from . import metrics
 from .admission import Admission
 from .auth import KeyStore, key_from_headers, role_allows
 from .config import ServerConfig
-from .http import ARROW_STREAM, HttpError, header, parse_json, read_body, send_bytes, send_error
-from .ingest_app import stored_id
+from .http import (ARROW_STREAM, HttpError, error_response, header, json_response, parse_json, read_body, send_bytes,
+                   send_error)
+from .ingest_app import stored_doc
 from .relay import Relay
 
 log = logging.getLogger("rtindex.server")
@@ -207,11 +208,10 @@ class Front:
         self.keys = keys
         self.auth = config.auth
         self.lean = lean
-        self.query = Admission(self._query, QUERY_PATHS, config.max_concurrent_queries, config.max_queued_queries,
-                               config.queue_timeout_ms / 1000.0, metrics.AdmissionGauges())
-        # FastAPI's query routes sit behind the same admission control as the lean ones
-        self.slow = Admission(app, QUERY_PATHS, config.max_concurrent_queries, config.max_queued_queries,
-                              config.queue_timeout_ms / 1000.0, metrics.AdmissionGauges())
+        # one admission control for the query routes, lean or through FastAPI
+        self.admitted = Admission(self._route, QUERY_PATHS, config.max_concurrent_queries,
+                                  config.max_queued_queries, config.queue_timeout_ms / 1000.0,
+                                  metrics.AdmissionGauges())
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -237,10 +237,7 @@ class Front:
                 if not role_allows(role, need):
                     raise HttpError(403, "Forbidden", f"this API key's role is {role}; {method} {path} "
                                                       f"needs {need}")
-            if path in QUERY_PATHS and method == "POST" and self.lean:
-                await self.query(scope, receive, send_status)
-            else:
-                await self.slow(scope, receive, send_status)
+            await self.admitted(scope, receive, send_status)
         except HttpError as e:
             await send_error(send_status, e)
         except Exception:
@@ -254,6 +251,11 @@ class Front:
                 route.path if route is not None else "unmatched")
             metrics.REQUESTS.labels(label, str(status)).inc()
             metrics.LATENCY.labels(label).observe(time.perf_counter() - t0)
+
+    async def _route(self, scope, receive, send):
+        if self.lean and scope["method"] == "POST" and scope["path"] in QUERY_PATHS:
+            return await self._query(scope, receive, send)
+        return await self.app(scope, receive, send)
 
     async def _query(self, scope, receive, send):
         """The lean query route (behind Admission)."""
@@ -304,17 +306,13 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
                   description="Real-time indexing database for JSON: writes, SQL, Rockset-compatible routes. "
                               "Every route but /healthz needs `Authorization: ApiKey <key>`.")
 
-    def error(e: HttpError) -> Response:
-        return Response(e.body(), status_code=e.status, media_type="application/json",
-                        headers={k.decode(): v.decode() for k, v in e.headers})
-
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, e: HttpError):
-        return error(e)
+        return error_response(e)
 
     @app.exception_handler(rtindex.StorageError)
     async def _storage_error(request: Request, e: rtindex.StorageError):
-        return error(HttpError(503, "StorageError", str(e)))
+        return error_response(HttpError(503, "StorageError", str(e)))
 
     async def query_reply(request: Request, parsed: tuple, rockset: bool) -> Response:
         arrow = not rockset and request.headers.get("accept", "").startswith(ARROW_STREAM)
@@ -340,10 +338,8 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
     async def healthz():
         lag = db.lag()
         ingest = await relay.healthy()
-        return Response(orjson.dumps({"status": "ok" if ingest else "degraded", "role": "query",
-                                      "pid": os.getpid(), "ingest": "ok" if ingest else "unreachable",
-                                      "lag": lag}),
-                        status_code=200 if ingest else 503, media_type="application/json")
+        return json_response({"status": "ok" if ingest else "degraded", "role": "query", "pid": os.getpid(),
+                              "ingest": "ok" if ingest else "unreachable", "lag": lag}, 200 if ingest else 503)
 
     @app.get("/metrics", tags=["service"])
     async def get_metrics():
@@ -357,7 +353,7 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
             st = db[name].stats()
             out.append({"name": name, "shards": len(st["shards"]), "documents": st["documents"],
                         "disk_bytes": sum(s["disk_bytes"] for s in st["shards"])})
-        return Response(orjson.dumps({"collections": out}), media_type="application/json")
+        return json_response({"collections": out})
 
     def collection(name: str) -> rtindex.Collection:
         try:
@@ -368,10 +364,10 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
     @app.get("/v1/collections/{name}/docs/{doc_id:path}", tags=["documents"], summary="One document by _id")
     async def get_doc(name: str, doc_id: str):
         coll = collection(name)
-        found = stored_id(coll, doc_id)
+        found = stored_doc(coll, doc_id)
         if found is None:
             raise HttpError(404, "NotFound", f"no document with _id {doc_id!r} in collection {name!r}")
-        return Response(orjson.dumps(coll.get(found)), media_type="application/json")
+        return json_response(found[1])
 
     # writes: relayed to the ingest process
     async def relay_write(request: Request):
@@ -405,7 +401,7 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
 
     @app.get("/v1/keys", tags=["keys"], summary="API keys (admin)")
     async def list_keys():
-        return Response(orjson.dumps({"keys": keys.list()}), media_type="application/json")
+        return json_response({"keys": keys.list()})
 
     @app.post("/v1/keys", tags=["keys"], summary='Make an API key: {"role", "name"}; the key is shown once (admin)')
     async def create_key(body: dict = Body(...)):
@@ -413,13 +409,13 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
             key, entry = keys.create(body.get("role", "read"), body.get("name", ""))
         except ValueError as e:
             raise HttpError(400, "BadRequest", str(e)) from None
-        return Response(orjson.dumps({**entry, "key": key}), status_code=201, media_type="application/json")
+        return json_response({**entry, "key": key}, 201)
 
     @app.delete("/v1/keys/{key_id}", tags=["keys"], summary="Revoke an API key (admin)")
     async def revoke_key(key_id: str):
         if not keys.revoke(key_id):
             raise HttpError(404, "NotFound", f"no API key with id {key_id!r}")
-        return Response(orjson.dumps({"id": key_id, "revoked": True}), media_type="application/json")
+        return json_response({"id": key_id, "revoked": True})
 
     def openapi() -> dict:
         """The schema, with the API-key header declared (so /docs has an Authorize button;
