@@ -1,121 +1,24 @@
-"""Command line: ``rtindex demo``, ``rtindex serve``, ``rtindex keys`` (also ``python -m rtindex ...``)."""
+"""Command line: ``rtindex demo``, ``serve``, ``keys``, ``sql``, ``collections``, ``import``
+(also ``python -m rtindex ...``); docs/reference.md, "Command line", describes each."""
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import builtins
+import contextlib
+import itertools
+import os
 import sys
 import time
+from typing import IO, Iterable, Iterator
+
+import orjson
+from tqdm import tqdm
 
 import rtindex
+from rtindex import outputs
 
 DEFAULT_DIR = "rtindex-data"
-DEMO_COLLECTION = "demo_events"  # never "events": that name is the user's
-DEMO_MARK = {"created_by": "rtindex demo"}  # in the manifest of the collection the demo made
-
-
-class DemoRefused(Exception):
-    """The demo would have to replace data it did not create: it stops instead."""
-
-
-def _timed(fn, repeat: int = 50) -> tuple[object, float]:
-    """(last result, median milliseconds) of ``repeat`` calls."""
-    times, out = [], None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - t) * 1000)
-    return out, statistics.median(times)
-
-
-def _demo_collection(db: rtindex.Database, shards: int) -> rtindex.Collection:
-    """A fresh collection for the demo, in a database that may hold the user's data.
-
-    The demo only ever replaces a collection it made itself (marked in its manifest): a
-    collection of that name that the user made is theirs, and the demo refuses to touch it.
-    """
-    name = DEMO_COLLECTION
-    if name in db:
-        mark = db._manifest(name).get("created_by")
-        if mark != DEMO_MARK["created_by"]:
-            raise DemoRefused(
-                f"database {db.path} already has a collection {name!r} that rtindex demo did not create; "
-                f"the demo leaves it alone. Run the demo with another --dir, or drop {name!r} yourself "
-                f"if you no longer need it")
-        db.drop_collection(name)  # the demo's own, from an earlier run
-    return db._create_collection(name, shards, extra=DEMO_MARK)
-
-
-def demo(path: str, n_events: int, shards: int, out=sys.stdout) -> dict:
-    """Load generated RockBench-style events into ``path`` and show lookups with timings.
-
-    Writes only to its own collection ``demo_events`` (replaced on every run), so pointing
-    ``--dir`` at a database with other collections costs them nothing.
-    """
-    from rtindex import datagen
-
-    def say(*a):
-        print(*a, file=out, flush=True)
-
-    with rtindex.open(path) as db:
-        events = _demo_collection(db, shards)
-        say(f"rtindex demo: database at {db.path}, collection {events.name!r} with {shards} shards")
-        say(f"generating {n_events:,} events (~1.25 KB, 60 fields, nested objects and arrays) ...")
-        docs = list(datagen.rockbench_events(n_events, seed=1))
-        say("ingesting (every field indexed three ways) ...")
-        t0 = time.perf_counter()
-        total, step, last = 0, max(n_events // 10, 1000), t0
-        for i in range(0, n_events, step):
-            stats = events.ingest(docs[i : i + step])
-            total += stats.bytes
-            now = time.perf_counter()
-            if now - last > 2 or i + step >= n_events:
-                say(f"  {min(i + step, n_events):>10,} docs  {min(i + step, n_events) / (now - t0):>9,.0f} docs/s")
-                last = now
-        secs = time.perf_counter() - t0
-        say(f"ingested {len(events):,} docs in {secs:.2f} s: {n_events / secs:,.0f} docs/s, "
-            f"{total / secs / 1e6:.1f} MB/s")
-
-        sample = docs[n_events // 2]
-        pb, email = sample["processBy"], sample["emails"][0]
-        snap = events.snapshot()
-        doc, get_ms = _timed(lambda: events.get(sample["_id"]))
-        n_pb, pb_ms = _timed(lambda: len(snap.term("processBy", pb)))
-        rows, fetch_ms = _timed(lambda: snap.fetch(snap.term("emails", email)))
-        t_lo = sample["_event_time"]
-        n_rng, rng_ms = _timed(lambda: len(snap.range("_event_time", t_lo, t_lo + 1_000_000)), repeat=10)
-        say("")
-        line = lambda label, ms: say(f"  {label:<62}{ms:9.3f} ms")  # noqa: E731
-        line(f"get({sample['_id']!r}) -> {len(doc)} top-level fields", get_ms)
-        line(f"processBy = {pb!r}: {n_pb} docs", pb_ms)
-        line(f"emails contains {email!r}: {len(rows)} docs fetched", fetch_ms)
-        line(f"_event_time in a 1 s window: {n_rng:,} docs", rng_ms)
-
-        say("")
-        say("SQL (db.sql; the planner picks the index path or a column scan, see db.explain):")
-        for text, params in (
-            (f"SELECT * FROM {DEMO_COLLECTION} WHERE processBy = :p", {"p": pb}),
-            (f"SELECT _id, device.os.name FROM {DEMO_COLLECTION} WHERE ARRAY_CONTAINS(emails, :e)", {"e": email}),
-            (f"SELECT device.os.name AS os, COUNT(*) AS n, AVG(duration_ms) AS avg_ms FROM {DEMO_COLLECTION} "
-             "WHERE processBy = :p GROUP BY os ORDER BY n DESC", {"p": pb}),
-            (f"SELECT event_type, COUNT(*) AS n FROM {DEMO_COLLECTION} GROUP BY event_type ORDER BY n DESC LIMIT 3", None),
-        ):
-            db.sql(text, params)  # first run: plan cached, rows cached
-            res, ms = _timed(lambda: db.sql(text, params), repeat=5)
-            say(f"  {text}")
-            line(f"    -> {len(res)} rows, {res.access} path", ms)
-
-        # freshness: a write is visible to the very next read
-        say("")
-        t = time.perf_counter()
-        events.ingest([{"_id": "fresh-1", "processBy": "demo-writer", "emails": ["me@example.com"]}])
-        seen = len(events.snapshot().term("processBy", "demo-writer"))
-        fresh_ms = (time.perf_counter() - t) * 1000
-        line(f"ingest one doc, then find it by processBy: {seen} doc", fresh_ms)
-        events.patch("fresh-1", [{"op": "replace", "path": "/processBy", "value": "patched"}])
-        say(f"after patch: {len(events.snapshot().term('processBy', 'patched'))} doc with processBy='patched'; "
-            f"delete -> {events.delete('fresh-1')}; {len(events):,} docs")
-        return {"docs_per_s": n_events / secs, "get_ms": get_ms, "term_ms": pb_ms, "fresh_ms": fresh_ms}
 
 
 def _keys(args, parser) -> int:
@@ -138,9 +41,260 @@ def _keys(args, parser) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+class UsageError(Exception):
+    """A command given what it cannot work with (a missing directory, parquet without a file):
+    reported in one line, like every RtindexError, never with a traceback."""
+
+
+# what a command reports in one line (its message says what was wrong), never as a traceback:
+# a mistake in the command, the database's refusal (bad SQL, no such collection), a file error
+FAILURES = (UsageError, rtindex.RtindexError, OSError)
+
+
+def _open_reader(path: str) -> rtindex.Database:
+    """The database at ``path`` as a reader: it takes no lock, so it works beside a running
+    ``rtindex serve`` or any other writer, and sees their writes as they are made."""
+    if not os.path.isdir(path):
+        raise UsageError(f"no database at {path} (check the path: it is the directory given to "
+                         "rtindex.open, rtindex serve --data or rtindex import)")
+    db = rtindex.open(path, role="reader")
+    try:
+        db.refresh()  # every write acknowledged before this command started
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _params(pairs: list[str]) -> dict | None:
+    """``--param NAME=VALUE`` pairs as a dict: VALUE is JSON when it parses (``7``, ``true``,
+    ``"7"``, ``[1, 2]``), else the string as typed."""
+    if not pairs:
+        return None
+    params = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--param {pair!r}: write NAME=VALUE, e.g. --param user=alice")
+        try:
+            params[name] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            params[name] = value
+    return params
+
+
+@contextlib.contextmanager
+def _destination(path: str | None) -> Iterator[IO[str]]:
+    """Standard output, or the file ``--output`` names (replaced)."""
+    if path is None:
+        yield sys.stdout
+        return
+    with builtins.open(path, "w", encoding="utf-8", newline="") as f:
+        yield f
+
+
+def _columns_and_rows(result: rtindex.Result, fmt: str) -> tuple[list[str], Iterable[dict]]:
+    """The rows to write: as the query returned them (``SELECT *``: the documents as stored),
+    or, for a result over the database's ``max_result_bytes`` written as CSV or JSON, read a
+    batch at a time from ``Result.arrow_reader()`` (typed columns: a field a document lacks
+    is null there), so that an export of any size takes little memory."""
+    try:
+        rows = result.rows()
+    except rtindex.ResultTooLargeError as e:
+        if fmt == "table":  # no one reads that many rows on a screen
+            raise UsageError(f"{e.message}; or write it with --format csv, json or parquet, which "
+                             "stream it") from None
+        reader = result.arrow_reader()
+        return reader.schema.names, itertools.chain.from_iterable(b.to_pylist() for b in reader)
+    return (result.columns if fmt != "json" else []), rows
+
+
+def _write_result(result: rtindex.Result, fmt: str, out: IO[str], max_width: int) -> None:
+    """One result in a text format; a table ends with its footer, so a person sees the count
+    and the time with it, while CSV and JSON stay data only: their footer goes to standard
+    output when they go to a file, else to standard error."""
+    columns, rows = _columns_and_rows(result, fmt)
+    outputs.write_text(columns, rows, fmt, out, max_width)
+    foot = outputs.footer(len(result), result.seconds, result.access)
+    print(foot, file=out if fmt == "table" else sys.stderr if out is sys.stdout else sys.stdout, flush=True)
+
+
+def _write_parquet(result: rtindex.Result, path: str) -> None:
+    """The result's Arrow batches into a Parquet file, one at a time (any size)."""
+    import pyarrow.parquet as pq
+
+    reader = result.arrow_reader()
+    with pq.ParquetWriter(path, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+
+
+def _sql(args) -> int:
+    params = _params(args.param)
+    if args.format == "parquet" and args.output is None:
+        raise UsageError("--format parquet writes a file: add --output FILE.parquet")
+    with _open_reader(args.dir) as db:
+        if args.query is None:
+            return _shell(db, args)
+        result = db.sql(args.query, params)
+        if args.format == "parquet":
+            _write_parquet(result, args.output)
+            print(outputs.footer(len(result), result.seconds, result.access))
+            return 0
+        with _destination(args.output) as out:
+            _write_result(result, args.format, out, args.max_width)
+    return 0
+
+
+def _shell(db: rtindex.Database, args) -> int:
+    from rtindex import shell
+
+    if args.format == "parquet":
+        raise UsageError("the shell runs many statements; --format parquet writes one result: "
+                         "give the query on the command line")
+    if args.param:
+        raise UsageError("--param binds the parameters of a query given on the command line; "
+                         "the shell takes none")
+    with _destination(args.output) as out:
+        return shell.run(lambda sql: _write_result(db.sql(sql), args.format, out, args.max_width),
+                         {".collections": lambda: _write_collections(db, args.format, out)},
+                         failures=FAILURES, interactive=sys.stdin.isatty(),
+                         banner=f"rtindex {rtindex.__version__}: SQL on {db.path} (reading; statements end "
+                                f"with ';', .help for help, Ctrl-D to leave)")
+
+
+def _disk_bytes(path: str) -> int:
+    """Bytes of the files under ``path`` (a writer may remove one as we look: it counts 0)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _write_collections(db: rtindex.Database, fmt: str, out: IO[str]) -> None:
+    """Name, documents, shards and size on disk of each collection; in a table the size reads
+    as ``1.23MB``, in CSV and JSON it is ``disk_bytes``."""
+    columns = ["name", "documents", "shards", "disk" if fmt == "table" else "disk_bytes"]
+    rows = []
+    for name in db.collection_names():
+        coll = db[name]
+        size = _disk_bytes(coll.path)
+        rows.append(dict(zip(columns, (name, len(coll), coll.n_shards,
+                                       tqdm.format_sizeof(size, "B") if fmt == "table" else size))))
+    outputs.write_text(columns, rows, fmt, out)
+
+
+def _collections(args) -> int:
+    with _open_reader(args.dir) as db, _destination(args.output) as out:
+        _write_collections(db, args.format, out)
+    return 0
+
+
+ERRORS_SHOWN = 5  # per file; IngestStats.errors has them all
+
+
+def _lock_held(e: rtindex.StorageError) -> bool:
+    """Whether opening for writing failed because another process writes (database.py's
+    _WriterLock says so in its message; RocksDB's own lock error would name a LOCK file)."""
+    return "open for writing in another process" in str(e)
+
+
+def _where(path: str, index: int) -> str:
+    """Where a failed document was in its file, as a person finds it there."""
+    name = path.lower().removesuffix(".gz")
+    if name.endswith((".ndjson", ".jsonl")):
+        return f"line {index + 1}"
+    if name.endswith(".parquet"):
+        return f"row {index} (0-based)"
+    return f"document {index} (0-based: array item, or line - 1)"
+
+
+def _import_file(coll: rtindex.Collection, path: str, batch_size: int) -> bool:
+    """Ingest one file and print what happened; False when it failed entirely."""
+    try:
+        stats = coll.ingest_file(path, errors="report", batch_size=batch_size)
+        size = os.path.getsize(path)
+    except (rtindex.RtindexError, ValueError, OSError) as e:  # unreadable: not JSON/Parquet, gzip, a typo
+        print(f"{path}: failed: {e}", file=sys.stderr)
+        return False
+    secs = max(stats.seconds, 1e-9)
+    print(f"{path}: {stats.n:,} doc{'' if stats.n == 1 else 's'} stored, {len(stats.errors):,} failed, "
+          f"{stats.seconds:.2f} s ({stats.n / secs:,.0f} docs/s, {size / secs / 1e6:,.1f} MB/s)", flush=True)
+    for err in stats.errors[:ERRORS_SHOWN]:
+        print(f"  {_where(path, err.index)}: {err.message} (at {err.path})", file=sys.stderr)
+    if len(stats.errors) > ERRORS_SHOWN:
+        print(f"  ... and {len(stats.errors) - ERRORS_SHOWN:,} more", file=sys.stderr)
+    return stats.n > 0 or not stats.errors
+
+
+def _import(args) -> int:
+    if args.batch_size < 1:
+        raise UsageError("--batch-size must be positive")
+    missing = [f for f in args.files if not os.path.isfile(f)]
+    if missing:  # before anything is made: a typo must not leave an empty collection behind
+        raise UsageError(f"no file {', '.join(missing)}: nothing imported")
+    try:
+        db = rtindex.open(args.dir)
+    except rtindex.StorageError as e:
+        if not _lock_held(e):
+            raise
+        raise UsageError(f"{e}. If that is a running rtindex serve, post the files to it instead "
+                         f"(POST /v1/collections/{args.collection}/docs, docs/service.md), or stop it "
+                         "and import again") from None
+    with db:
+        if args.collection in db:
+            coll = db[args.collection]
+            if args.shards is not None and args.shards != coll.n_shards:
+                print(f"note: collection {args.collection!r} exists with {coll.n_shards} shards; --shards "
+                      f"applies only to a collection the import creates", file=sys.stderr)
+        else:
+            try:
+                coll = db.create_collection(args.collection, shards=4 if args.shards is None else args.shards)
+            except ValueError as e:  # the name or the shard count: the message says which, and the rules
+                raise UsageError(str(e)) from None
+            print(f"created collection {coll.name!r} with {coll.n_shards} shards")
+        ok = True
+        try:
+            for path in args.files:
+                ok = _import_file(coll, path, args.batch_size) and ok
+        except KeyboardInterrupt as e:
+            for note in getattr(e, "__notes__", ()):  # what was stored stays stored: say how much
+                print(note, file=sys.stderr)
+            return 130
+        print(f"collection {coll.name!r} now has {len(coll):,} docs")
+    return 0 if ok else 1
+
+
+IMPORT_EXAMPLES = """\
+examples:
+  rtindex import rtindex-data events events.ndjson
+  rtindex import rtindex-data events day-*.ndjson.gz old.parquet --shards 8
+
+Formats, by the file's name: .ndjson and .jsonl (one document a line), .json (a JSON array,
+or NDJSON), each also gzip'd (.gz), and .parquet (one document a row). A bad document is
+reported (the first few, with their line or row) and the others are stored. Exit status 1
+when a file could not be read at all or none of its documents could be stored.
+The import writes, so it needs the database to itself: beside a running rtindex serve,
+post the files to the service instead (docs/service.md)."""
+SQL_EXAMPLES = """\
+examples:
+  rtindex sql rtindex-data "SELECT kind, COUNT(*) AS n FROM events GROUP BY kind"
+  rtindex sql rtindex-data "SELECT * FROM events WHERE user = :u" --param u=alice
+  rtindex sql rtindex-data "SELECT * FROM events" --format json --output events.ndjson
+  rtindex sql rtindex-data                   # a shell: statements end with ';'
+  rtindex sql rtindex-data < queries.sql     # a script, one statement after another
+
+--param NAME=VALUE binds :NAME; VALUE is JSON when it parses (7, true, "7", [1,2]), else text.
+The database is opened as a reader: it works beside a running rtindex serve or other writer.
+The shell keeps its history in $RTINDEX_HISTORY (default ~/.rtindex_history; empty: none)."""
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtindex", description="rtindex command line")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"rtindex {rtindex.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("demo", help="load generated events into an embedded database and query them")
     p.add_argument("--dir", default=DEFAULT_DIR, help=f"database directory (default: ./{DEFAULT_DIR})")
     p.add_argument("--events", type=int, default=200_000, help="how many events to generate (default 200,000)")
@@ -163,6 +317,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--role", choices=["read", "write", "admin"], default="read", help="for create (default read)")
     p.add_argument("--name", default="", help="for create: a note saying whose key it is")
     p.add_argument("--id", help="for revoke: the key's id (from list)")
+
+    p = sub.add_parser("sql", help="run a SQL query, or a SQL shell, on a database",
+                       description="Run one SELECT on the database in DIR and print its rows, or with no "
+                                   "query, a SQL shell. docs/sql.md has the dialect.",
+                       epilog=SQL_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR", help="the database directory")
+    p.add_argument("query", metavar="QUERY", nargs="?", help="one SELECT; leave out for the shell")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="bind :NAME (repeatable)")
+    _output_options(p, outputs.FORMATS,
+                    "table (default; with a footer: rows, time, access path), csv, json (JSON lines: one "
+                    "object a row) or parquet (needs --output)")
+    p.add_argument("--max-width", type=int, default=outputs.DEFAULT_MAX_WIDTH, metavar="N",
+                   help=f"cut table cells longer than N characters (default {outputs.DEFAULT_MAX_WIDTH}; 0: never)")
+
+    p = sub.add_parser("collections", help="list the collections of a database with their sizes",
+                       description="List the collections in DIR: documents, shards and size on disk. Opens the "
+                                   "database as a reader, so it works beside a running writer.")
+    p.add_argument("dir", metavar="DIR", help="the database directory")
+    _output_options(p, outputs.TEXT_FORMATS, "table (default), csv or json (JSON lines, sizes in disk_bytes)")
+
+    p = sub.add_parser("import", help="ingest NDJSON, JSON or Parquet files into a collection",
+                       description="Ingest FILEs into COLLECTION of the database in DIR (both made when "
+                                   "missing), with a progress bar on a terminal and a summary per file.",
+                       epilog=IMPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR", help="the database directory (made when missing)")
+    p.add_argument("collection", metavar="COLLECTION", help="the collection (made when missing)")
+    p.add_argument("files", metavar="FILE", nargs="+", help="files to ingest, in this order")
+    p.add_argument("--shards", type=int, metavar="N", help="shards of a collection the import creates (default 4)")
+    p.add_argument("--batch-size", type=int, default=1000, metavar="N",
+                   help="documents per write batch (default 1000)")
+    return parser
+
+
+def _output_options(p: argparse.ArgumentParser, formats: tuple[str, ...], what: str) -> None:
+    p.add_argument("--format", choices=formats, default="table", help=what)
+    p.add_argument("--output", "-o", metavar="FILE", help="write there instead of to standard output")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         from rtindex.server.config import ServerConfig, parse_limits
@@ -181,13 +375,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         if args.events < 1:
             parser.error("--events must be positive")
+        from rtindex.demo import DemoRefused, demo
+
         try:
             demo(args.dir, args.events, args.shards)
         except (DemoRefused, rtindex.NotADatabaseError, rtindex.StorageError) as e:
             # a refusal to touch the user's data, not a crash: say why, without a traceback
             print(f"rtindex demo: {e}", file=sys.stderr)
             return 1
-    return 0
+        return 0
+    command = {"sql": _sql, "collections": _collections, "import": _import}[args.command]
+    try:
+        return command(args)
+    except BrokenPipeError:  # `rtindex sql ... | head` stopped reading: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout at exit
+        return 0
+    except FAILURES as e:
+        # what went wrong with the user's query, path or file: one line, no traceback
+        print(f"rtindex {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

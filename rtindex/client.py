@@ -82,14 +82,14 @@ import re
 import threading
 import time
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import quote
 
 import orjson
 import pyarrow as pa
 
 from rtindex import documents
-from rtindex.collection import IngestStats
+from rtindex.collection import IngestStats, check_ingest_options
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import (
     AccessDeniedError,
@@ -104,6 +104,8 @@ from rtindex.errors import (
     StorageError,
 )
 from rtindex.fence import Fence
+from rtindex.inputs import Input, open_file, open_input
+from rtindex.progress import Progress
 from rtindex.result import Result
 from rtindex.sql.parse import PlanCache, Query, collection_name
 
@@ -237,6 +239,7 @@ class RemoteDatabase:
 
     @property
     def closed(self) -> bool:
+        """True once close() has run: any request afterwards raises ClosedError."""
         return self._closed
 
     def close(self) -> None:
@@ -457,42 +460,70 @@ class RemoteCollection:
         return '"' + self.name + '"'
 
     # -- writes ---------------------------------------------------------------------
-    def ingest(self, docs: Iterable[dict] | bytes | str, batch_size: int = 1000) -> IngestStats:
+    def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
+               progress: bool | None = None) -> IngestStats:
         """Store documents; each replaces any stored document with the same ``_id``.
 
-        ``docs`` is an iterable of dicts, or the bytes/str of a JSON array or of NDJSON, as
-        embedded. They are sent as NDJSON, ``batch_size`` documents (at most 4 MiB) per
-        request, read from ``docs`` as they are sent. Returns the embedded
-        :class:`~rtindex.IngestStats`: ``errors`` (positions in the whole input),
-        ``replaced``, ``ids``, ``n``, ``fence``, ``seconds``; ``bytes`` is the size of the
-        NDJSON lines sent for the stored documents. The documents are visible to this
-        client's queries when it returns (see the module documentation).
+        ``docs`` is anything the embedded ``Collection.ingest`` takes (dicts, JSON text,
+        files, DataFrames, Arrow tables), converted the same way. They are sent as NDJSON,
+        ``batch_size`` documents (at most 4 MiB) per request, read from ``docs`` as they
+        are sent. Returns the embedded :class:`~rtindex.IngestStats`: ``errors``
+        (positions in the whole input), ``replaced``, ``ids``, ``n``, ``fence``,
+        ``seconds``; ``bytes`` is the size of the NDJSON lines sent for the stored
+        documents. ``errors`` and ``progress`` work as embedded. The documents are visible
+        to this client's queries when it returns (see the module documentation).
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+        check_ingest_options(batch_size, errors)
+        return self._ingest(open_input(docs, batch_size), batch_size, errors, progress)
+
+    def ingest_file(self, path: str | os.PathLike, *, progress: bool | None = None, errors: str = "warn",
+                    batch_size: int = 1000) -> IngestStats:
+        """Store the documents of a file (``.ndjson``, ``.jsonl``, ``.json``, ``.parquet``;
+        the JSON ones also ``.gz``), as the embedded ``Collection.ingest_file`` does."""
+        check_ingest_options(batch_size, errors)
+        return self._ingest(open_file(path, batch_size), batch_size, errors, progress)
+
+    def _ingest(self, source: Input, batch_size: int, errors: str, progress: bool | None) -> IngestStats:
         t0 = time.perf_counter()
         stats = IngestStats()
         written: dict[tuple, tuple[Any, int]] = {}  # id key -> (_id, bytes of the last stored version)
         batch: list[tuple[int, Any, bytes]] = []  # (input position, the document's own _id, NDJSON line)
         size = 0
         sent = False
-        for idx, doc in documents.iter_input(docs):
-            item = self._line(idx, doc, stats)
-            if item is None:
-                continue
-            batch.append(item)
-            size += len(item[2])
-            if len(batch) >= batch_size or size >= BATCH_BYTES:
-                self._send(batch, stats, written)
-                batch, size, sent = [], 0, True
-        if batch or not sent:  # an empty request still checks the collection and gives the fence
+        bar = Progress(progress, source.total, source.unit, self.name)
+
+        def send() -> None:
+            before = sum(n for _, n in written.values())
             self._send(batch, stats, written)
+            bar.update(len(batch), sum(n for _, n in written.values()) - before, len(stats.errors),
+                       source.tell() if source.tell else None)
+
+        try:
+            with source:
+                for idx, doc in source.items:
+                    item = self._line(idx, doc, stats)
+                    if item is None:
+                        continue
+                    batch.append(item)
+                    size += len(item[2])
+                    if len(batch) >= batch_size or size >= BATCH_BYTES:
+                        send()
+                        batch, size, sent = [], 0, True
+                if batch or not sent:  # an empty request still checks the collection and gives the fence
+                    send()
+        except KeyboardInterrupt as e:
+            e.add_note(f"rtindex: ingest into collection {self.name!r} was interrupted; the {len(written)} "
+                       f"documents the server had acknowledged stay stored")
+            raise
+        finally:
+            bar.close()
         stats.ids = [doc_id for doc_id, _ in written.values()]
         stats.n = len(written)
         stats.bytes = sum(n for _, n in written.values())
         stats.errors.sort(key=lambda e: e.index)
         stats.replaced.sort()
         stats.seconds = time.perf_counter() - t0
+        stats._settle(errors, stacklevel=4)
         return stats
 
     @staticmethod
@@ -505,11 +536,11 @@ class RemoteCollection:
             stats.errors.append(ItemError(idx, None, "$", f"a document must be a JSON object, "
                                                            f"not {type(doc).__name__}"))
             return None
-        own_id = doc.get("_id")
+        own_id = documents.json_value(doc.get("_id"))
         if own_id is None:  # named here, so that resending a batch cannot store it twice
             doc = {**doc, "_id": documents.new_id()}
         try:
-            return idx, own_id, orjson.dumps(doc)
+            return idx, own_id, documents.to_json_bytes(doc)[1]
         except (TypeError, orjson.JSONEncodeError) as e:
             try:  # the embedded check names the path of the bad value
                 documents.prepare(doc, Limits(max_document_bytes=1 << 62, max_depth=1 << 30), documents.now_us())

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable
-
-import jsonpatch
+from typing import Any
 
 from rtindex import documents
 from rtindex.documents import ItemError, Limits
-from rtindex.errors import ClosedError, CorruptionError, NotFoundError, ReadOnlyError, SchemaError
+from rtindex.errors import (
+    ClosedError,
+    CorruptionError,
+    IngestError,
+    IngestWarning,
+    NotFoundError,
+    ReadOnlyError,
+    SchemaError,
+)
 from rtindex.fence import Fence
+from rtindex.inputs import Input, open_file, open_input
+from rtindex.patch import apply_patch
+from rtindex.progress import Progress, deferred_interrupt
 from rtindex.runtime import Runtime
 from rtindex.shard import Shard
 from rtindex.snapshot import Snapshot
@@ -40,6 +50,34 @@ class IngestStats:
     def __repr__(self) -> str:
         return (f"IngestStats(n={self.n}, bytes={self.bytes}, seconds={self.seconds:.3f}, "
                 f"errors={len(self.errors)})")
+
+    def _settle(self, errors: str, stacklevel: int) -> None:
+        """Act on failed documents as ``errors`` says (see Collection.ingest); ``stacklevel``
+        makes the warning point at the caller of ``ingest()``."""
+        if not self.errors or errors == "report":
+            return
+        k = len(self.errors)
+        shown = "; ".join(str(e) for e in self.errors[:2]) + (f"; and {k - 2} more" if k > 2 else "")
+        if self.n == 0:
+            raise IngestError(f"no document was stored: {k} failed (all are in .stats.errors): {shown}", self)
+        head = (f"{k} document{' was' if k == 1 else 's were'} not stored and the other {self.n} "
+                f"{'was' if self.n == 1 else 'were'}")
+        if errors == "raise":
+            raise IngestError(f"{head} (all failures are in .stats.errors): {shown}", self)
+        warnings.warn(IngestWarning(f"{head}: {shown}. All failures are in stats.errors; pass errors='report' "
+                                    f"to ingest() to read them without this warning, or errors='raise' "
+                                    f"to raise IngestError"), stacklevel=stacklevel)
+
+
+ERRORS = ("warn", "report", "raise")
+
+
+def check_ingest_options(batch_size: int, errors: str) -> None:
+    """ValueError for a batch size or an ``errors`` choice ingest cannot use."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+    if errors not in ERRORS:
+        raise ValueError(f"errors must be one of {', '.join(map(repr, ERRORS))}, not {errors!r}")
 
 
 def _shard_path(path: str, i: int) -> str:
@@ -100,6 +138,7 @@ class Collection:
 
     @property
     def closed(self) -> bool:
+        """True once its database was closed or the collection dropped: any use raises ClosedError."""
         return self._closed
 
     def _check(self) -> None:
@@ -113,30 +152,67 @@ class Collection:
                                 "write through the database's writer process")
 
     # -- writes -------------------------------------------------------------
-    def ingest(self, docs: Iterable[dict] | bytes | str, batch_size: int = 1000) -> IngestStats:
+    def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
+               progress: bool | None = None) -> IngestStats:
         """Store documents; each replaces any stored document with the same ``_id``.
 
-        ``docs`` is an iterable of dicts, or the bytes/str of a JSON array or of NDJSON.
+        ``docs`` is an iterable of dicts; the bytes/str of a JSON array or of NDJSON; a file
+        (a path as str or pathlib.Path, or an open file: NDJSON, JSON array, Parquet, also
+        gzip'd JSON); a pandas DataFrame or a pyarrow Table/RecordBatch (see
+        :mod:`rtindex.inputs`). Python values are stored as the JSON they mean (numpy
+        numbers, datetimes as microseconds, ...: docs/reference.md has the table).
+
         A document is visible to every read that starts after the call returns, and durable
-        (its shard's WAL) once it is counted in the returned stats. A bad document is
-        reported in ``stats.errors`` (position, path, reason) and costs nothing else. The
-        same ``_id`` twice in one call stores the later version and counts once (see
-        :class:`IngestStats`).
+        (its shard's WAL) once it is counted in the returned stats. A bad document is listed
+        in ``stats.errors`` (position, path, reason) and costs nothing else; ``errors``
+        says what else happens then: ``"warn"`` an :class:`~rtindex.IngestWarning`,
+        ``"report"`` nothing, ``"raise"`` an :class:`~rtindex.IngestError` (after storing
+        the good ones). When every document fails, IngestError unless ``"report"``.
+        The same ``_id`` twice in one call stores the later version and counts once (see
+        :class:`IngestStats`). ``progress``: a bar with docs/s and MB/s (None: when someone
+        can see it and the call takes over a second or two). Ctrl-C stops between
+        batches; what was stored stays stored, and the KeyboardInterrupt says how much.
         """
         self._check_writable()
+        check_ingest_options(batch_size, errors)
+        return self._ingest(open_input(docs, batch_size), batch_size, errors, progress)
+
+    def ingest_file(self, path: str | os.PathLike, *, progress: bool | None = None, errors: str = "warn",
+                    batch_size: int = 1000) -> IngestStats:
+        """Store the documents of a file, read in batches (never whole, but a JSON array).
+
+        The format comes from the name: ``.ndjson``/``.jsonl`` (NDJSON; ``ItemError.index``
+        is the line number - 1), ``.json`` (a JSON array, or NDJSON), ``.parquet`` (index:
+        the row number), the JSON ones also ``.gz``. Otherwise as :meth:`ingest`; the bar
+        shows bytes of the file read.
+        """
+        self._check_writable()
+        check_ingest_options(batch_size, errors)
+        return self._ingest(open_file(path, batch_size), batch_size, errors, progress)
+
+    def _ingest(self, source: Input, batch_size: int, errors: str, progress: bool | None) -> IngestStats:
         t0 = time.perf_counter()
         stats = IngestStats()
         limits = self._limits
         n_shards = self.n_shards
         written: dict[bytes, tuple[Any, int]] = {}  # id key -> (_id, size of the last stored version)
-        chunk: list = []
-        for item in documents.iter_input(docs):
-            chunk.append(item)
-            if len(chunk) >= batch_size:
-                self._ingest_chunk(chunk, limits, n_shards, stats, written)
-                chunk = []
-        if chunk:
-            self._ingest_chunk(chunk, limits, n_shards, stats, written)
+        bar = Progress(progress, source.total, source.unit, self.name)
+        try:
+            with source:
+                chunk: list = []
+                for item in source.items:
+                    chunk.append(item)
+                    if len(chunk) >= batch_size:
+                        self._store(chunk, limits, n_shards, stats, written, bar, source)
+                        chunk = []
+                if chunk:
+                    self._store(chunk, limits, n_shards, stats, written, bar, source)
+        except KeyboardInterrupt as e:
+            e.add_note(f"rtindex: ingest into collection {self.name!r} was interrupted; the {len(written)} "
+                       f"documents it had stored stay stored ({len(stats.errors)} failed)")
+            raise
+        finally:
+            bar.close()
         # a dict keeps the first insertion's position when a key is assigned again
         stats.ids = [doc_id for doc_id, _ in written.values()]
         stats.n = len(written)
@@ -144,12 +220,21 @@ class Collection:
         stats.replaced.sort()
         stats.fence = self.fence()
         stats.seconds = time.perf_counter() - t0
+        stats._settle(errors, stacklevel=4)  # _settle < _ingest < ingest < the caller
         return stats
 
+    def _store(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats,
+               written: dict[bytes, tuple[Any, int]], bar: Progress, source: Input) -> None:
+        """One chunk, which Ctrl-C does not cut short (see deferred_interrupt); then the bar."""
+        with deferred_interrupt():
+            nbytes = self._ingest_chunk(chunk, limits, n_shards, stats, written)
+        bar.update(len(chunk), nbytes, len(stats.errors), source.tell() if source.tell else None)
+
     def _ingest_chunk(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats,
-                      written: dict[bytes, tuple[Any, int]]) -> None:
+                      written: dict[bytes, tuple[Any, int]]) -> int:
         """Store one chunk; errors go to ``stats.errors``, and each stored document to
-        ``written`` (a later version of an ``_id`` replaces the size of the earlier one)."""
+        ``written`` (a later version of an ``_id`` replaces the size of the earlier one).
+        Returns the bytes stored."""
         now = documents.now_us()
         per_shard: list[list] = [[] for _ in range(n_shards)]
         stored: dict[int, tuple[Any, bytes, int]] = {}  # input index -> (_id, id key, size), while not failed
@@ -158,7 +243,7 @@ class Collection:
                 stats.errors.append(ItemError(idx, None, doc.path, doc.message))
                 continue
             try:
-                doc_id, id_key, d, raw = documents.prepare(doc, limits, now)
+                doc_id, id_key, d, raw = documents.prepare(doc, limits, now, check_event_time=True)
             except SchemaError as e:
                 stats.errors.append(ItemError(idx, doc.get("_id") if isinstance(doc, dict) else None,
                                               e.path, e.message))
@@ -167,15 +252,44 @@ class Collection:
             per_shard[documents.shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
         for shard, items in zip(self._shards, per_shard):
             if items:
-                errors, replaced = shard.put_many(items)
-                for idx, e in errors:
-                    stats.errors.append(ItemError(idx, stored.pop(idx)[0], e.path, e.message))
-                stats.replaced.extend(replaced)
+                self._put(shard, items, stats, stored)
         for idx in sorted(stored):  # input order: of two versions of an _id, the later one is stored
             doc_id, id_key, size = stored[idx]
             written[id_key] = (doc_id, size)
         if stats.errors:
             stats.errors.sort(key=lambda e: e.index)
+        return sum(size for _, _, size in stored.values())
+
+    @staticmethod
+    def _put(shard: Shard, items: list, stats: IngestStats, stored: dict[int, tuple[Any, bytes, int]]) -> None:
+        """``shard.put_many``, and once more for the documents its indexer refused for a UUID
+        or Enum value (orjson serializes those itself, so ``prepare`` cannot see them),
+        converted, in input order; unless a later version of the same ``_id`` was stored
+        meanwhile: that one replaced it, as if it had been stored first."""
+        errors, replaced = shard.put_many(items)
+        stats.replaced.extend(replaced)
+        if not errors:
+            return
+        by_idx = {it[0]: it for it in items}
+        failed = {idx for idx, _ in errors}
+        kept: dict[bytes, list[int]] = {}  # id key -> input positions stored just now
+        for idx, id_key, _, _ in items:
+            if idx not in failed:
+                kept.setdefault(id_key, []).append(idx)
+        again = []
+        for idx, e in errors:
+            _, id_key, d, raw = by_idx[idx]
+            plain = documents.json_value(d)
+            later = [i for i in kept.get(id_key, ()) if i > idx]
+            if plain is d:  # plain JSON already: the refusal stands
+                stats.errors.append(ItemError(idx, stored.pop(idx)[0], e.path, e.message))
+            elif later:
+                if later[0] not in replaced:
+                    stats.replaced.append(later[0])
+            else:
+                again.append((idx, id_key, plain, raw))
+        if again:
+            Collection._put(shard, again, stats, stored)
 
     def _shard_for(self, doc_id: Any) -> tuple[Shard, bytes]:
         id_key = documents.encode_id(doc_id)
@@ -198,12 +312,7 @@ class Collection:
             doc = shard.get(id_key)
             if doc is None:
                 raise NotFoundError(f"no document with _id {doc_id!r} in collection {self.name!r}")
-            try:
-                new = jsonpatch.apply_patch(doc, ops)
-            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                raise SchemaError(f"cannot apply patch: {e}", "$") from e
-            except (TypeError, ValueError, KeyError) as e:
-                raise SchemaError(f"malformed patch: {e}", "$") from e
+            new = apply_patch(doc, ops)  # SchemaError naming the operation and path that fail
             if not isinstance(new, dict):
                 raise SchemaError("a patch must leave an object")
             if new.get("_id", doc_id) != doc_id:

@@ -59,6 +59,13 @@ MARKER = "rtindex.json"  # {"format": FORMAT, "created_by": "rtindex <version>"}
 FORMAT = 2
 LOCK_FILE = "writer.lock"
 MAX_SHARDS = 1024
+# Memory defaults: sized for a laptop beside a notebook (a demo session peaks near 400 MB);
+# docs/benchmarks.md ("Memory defaults") has what each costs, docs/reference.md when to raise it
+BLOCK_CACHE_BYTES = 64 << 20
+WRITE_BUFFER_BYTES = 64 << 20
+ROW_CACHE_BYTES = 64 << 20
+SEAL_BYTES = 32 << 20
+MAX_RESULT_BYTES = 256 << 20
 # what a crash in the middle of creating a database can leave in its directory: such a
 # directory counts as empty (creating again there destroys nothing of anyone's)
 _CREATION_LEFTOVERS = frozenset({LOCK_FILE, MARKER + ".tmp"})
@@ -243,9 +250,10 @@ class Database:
     """An open rtindex database. Use :func:`rtindex.open`; close it (or use ``with``)."""
 
     def __init__(self, path: str, *, role: str = "writer", create: bool = True, sync: bool = False,
-                 block_cache_bytes: int = 256 << 20, write_buffer_bytes: int = 256 << 20, max_document_bytes: int = 4 << 20,
-                 max_depth: int = 64, seal_rows: int = 25_000, seal_bytes: int = 96 << 20,
-                 merge_factor: int = 4, row_cache_bytes: int = 256 << 20, reader_grace_seconds: float = 30.0):
+                 block_cache_bytes: int = BLOCK_CACHE_BYTES, write_buffer_bytes: int = WRITE_BUFFER_BYTES,
+                 max_document_bytes: int = 4 << 20, max_depth: int = 64, seal_rows: int = 25_000,
+                 seal_bytes: int = SEAL_BYTES, merge_factor: int = 4, row_cache_bytes: int = ROW_CACHE_BYTES,
+                 reader_grace_seconds: float = 30.0, max_result_bytes: int | None = MAX_RESULT_BYTES):
         self.path = os.path.abspath(path)
         if role not in ("writer", "reader"):
             raise ValueError(f"role must be 'writer' or 'reader', not {role!r}")
@@ -260,6 +268,9 @@ class Database:
                              "(merge_factor at least 2)")
         if isinstance(row_cache_bytes, bool) or not isinstance(row_cache_bytes, int) or row_cache_bytes < 0:
             raise ValueError(f"row_cache_bytes must be a non-negative int (0 turns the cache off), not {row_cache_bytes!r}")
+        if max_result_bytes is not None and (isinstance(max_result_bytes, bool) or not isinstance(max_result_bytes, int)
+                                             or max_result_bytes < 1):
+            raise ValueError(f"max_result_bytes must be a positive int, or None for no limit, not {max_result_bytes!r}")
         kind = _inspect_directory(self.path, create and role == "writer")
         self.sync = sync
         self._limits = Limits(max_document_bytes=max_document_bytes, max_depth=max_depth)
@@ -271,7 +282,7 @@ class Database:
         self._collections: dict[str, Collection] = {}
         self._lock = threading.RLock()
         self._closed = False
-        self._sql = SqlEngine(self.collection)
+        self._sql = SqlEngine(self.collection, max_result_bytes)
         self._writer_lock: _WriterLock | None = None
         self._follower: Follower | None = None
         if role == "reader":
@@ -567,10 +578,15 @@ class Database:
 
     @property
     def closed(self) -> bool:
+        """True once close() has run: any use afterwards raises ClosedError."""
         return self._closed
 
 
-def open(path: str, **options: Any) -> Database:  # noqa: A001 - the natural name, like lmdb.open
+def open(path: str, *, role: str = "writer", create: bool = True, sync: bool = False,  # noqa: A001 - like lmdb.open
+         block_cache_bytes: int = BLOCK_CACHE_BYTES, write_buffer_bytes: int = WRITE_BUFFER_BYTES,
+         max_document_bytes: int = 4 << 20, max_depth: int = 64, seal_rows: int = 25_000,
+         seal_bytes: int = SEAL_BYTES, merge_factor: int = 4, row_cache_bytes: int = ROW_CACHE_BYTES,
+         reader_grace_seconds: float = 30.0, max_result_bytes: int | None = MAX_RESULT_BYTES) -> Database:
     """Open (by default creating) the database in directory ``path``.
 
     ``create=True`` makes the directory when it is missing or empty; any other folder that is
@@ -578,16 +594,31 @@ def open(path: str, **options: Any) -> Database:  # noqa: A001 - the natural nam
     so a wrong path is never written to. One writer at a time: the directory is locked
     (``writer.lock``) until close(), and a second writer gets StorageError naming the pid.
 
-    Options: ``create`` (True), ``sync`` (False: an acknowledged write survives a process
-    crash; True: also a power loss, at the cost of an fsync per batch), ``block_cache_bytes``,
-    ``write_buffer_bytes`` (RocksDB memtables of all shards together),
-    ``max_document_bytes``, ``max_depth``, ``seal_rows``, ``seal_bytes``, ``merge_factor``,
-    ``row_cache_bytes`` (256 MiB: the RowStoreCache of decoded rows shared by every
-    collection; 0 turns it off), ``reader_grace_seconds`` (30: how long rows a merge dropped
-    stay readable for reader processes' older snapshots).
+    ``role`` ("writer"): "reader" opens a live read replica from another process: it follows
+    the writer (new collections, rows, upserts, deletes, seals, merges) within milliseconds,
+    by itself, and every write through it raises ReadOnlyError. Several readers may follow
+    one writer.
 
-    ``role="reader"`` opens a live read replica from another process: it follows the writer
-    (new collections, rows, upserts, deletes, seals, merges) within milliseconds, by itself,
-    and every write through it raises ReadOnlyError. Several readers may follow one writer.
+    Options (memory first; docs/reference.md says what each costs and when to raise it):
+
+    - ``row_cache_bytes`` (64 MiB): the RowStoreCache of decoded rows, shared by every
+      collection; 0 turns it off.
+    - ``block_cache_bytes`` (64 MiB): RocksDB's block cache, shared by every shard.
+    - ``write_buffer_bytes`` (64 MiB): RocksDB's memtables of all shards together.
+    - ``seal_rows`` (25,000), ``seal_bytes`` (32 MiB): a shard's in-memory segment is sealed
+      when it holds this many rows or bytes.
+    - ``merge_factor`` (4): sealed segments of a size tier merged into one.
+    - ``max_result_bytes`` (256 MiB): a query result bigger than this is refused before it
+      is built (ResultTooLargeError from ``rows()``, ``arrow()``, ``df()``; read it with
+      ``Result.arrow_reader()``); None: no limit.
+    - ``create`` (True), ``sync`` (False: an acknowledged write survives a process crash;
+      True: also a power loss, at the cost of an fsync per batch).
+    - ``max_document_bytes`` (4 MiB), ``max_depth`` (64): limits on one document.
+    - ``reader_grace_seconds`` (30): how long rows a merge dropped stay readable for reader
+      processes' older snapshots.
     """
-    return Database(path, **options)
+    return Database(path, role=role, create=create, sync=sync, block_cache_bytes=block_cache_bytes,
+                    write_buffer_bytes=write_buffer_bytes, max_document_bytes=max_document_bytes,
+                    max_depth=max_depth, seal_rows=seal_rows, seal_bytes=seal_bytes, merge_factor=merge_factor,
+                    row_cache_bytes=row_cache_bytes, reader_grace_seconds=reader_grace_seconds,
+                    max_result_bytes=max_result_bytes)

@@ -1,4 +1,5 @@
-"""Turning user input into storable documents: parsing, `_id`, `_event_time`, limits.
+"""Turning user input into storable documents: parsing, `_id`, `_event_time`, limits, and
+Python values (numpy, pandas, datetime, Decimal, UUID) into the JSON values they mean.
 
 Everything here runs before a document reaches a shard, so one bad document is reported
 with its position and path and never costs the good ones of its batch.
@@ -7,12 +8,17 @@ with its position and path and never costs the good ones of its batch.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import zlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, time as clock_time, timedelta, timezone
+from decimal import Decimal
+from enum import Enum
 from typing import Any, Iterable, Iterator
+from uuid import UUID
 
+import numpy as np
 import orjson
 
 from rtindex import keys
@@ -34,7 +40,7 @@ class Limits:
 class ItemError:
     """One document that was not stored, and why."""
 
-    index: int  # position in the ingest input (line number - 1 for NDJSON)
+    index: int  # position in the ingest input: line number - 1 in NDJSON, row number (from 0) in a table
     id: Any  # the document's _id when it had one
     path: str  # where in the document, like $.a[3].b
     message: str
@@ -91,39 +97,225 @@ def to_event_time(v: Any) -> int:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_US = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc) - _EPOCH
+_US = timedelta(microseconds=1)
+# An integer _event_time outside these bounds is surely not microseconds: 1.7e9 (seconds)
+# would be 1970-01-01 00:28 and 1.7e18 (nanoseconds) the year 55,800.
+EVENT_TIME_MIN_US = (datetime(1980, 1, 1, tzinfo=timezone.utc) - _EPOCH) // _US
+EVENT_TIME_MAX_US = (datetime(3000, 1, 1, tzinfo=timezone.utc) - _EPOCH) // _US
+# unit name, microseconds per unit, how to turn it into microseconds
+_EVENT_TIME_UNITS = (("seconds", 1_000_000, "multiply it by 1_000_000"),
+                     ("milliseconds", 1_000, "multiply it by 1_000"),
+                     ("nanoseconds", 0.001, "divide it by 1_000 (v // 1_000)"))
 
 
-def prepare(doc: Any, limits: Limits, now_us: int) -> tuple[Any, bytes, dict, bytes]:
-    """(user id, id key, document, serialized document) ready for a shard, or SchemaError."""
+def event_time_of(v: Any, now_us: int, check: bool) -> int:
+    """The ``_event_time`` to store for a document's value ``v`` (None: ``now_us``).
+
+    Microseconds, as everywhere in rtindex (and Rockset). With ``check`` (a document given
+    to ingest), an integer is taken as microseconds only when that is a plausible time (1980
+    to 3000): an epoch in seconds, milliseconds or nanoseconds would otherwise be stored as
+    a wrong time without a word, so it is a SchemaError that names the unit it looks like.
+    A datetime (also a pandas or numpy one) or an ISO-8601 string says its time itself and
+    may be any time; so may the stored integer it became (a patched document, unchecked).
+    """
+    if v is None:
+        return now_us
+    if type(v) is not int:
+        if isinstance(v, (str, datetime, np.datetime64)):
+            if v != v:  # NaT: no time given
+                return now_us
+            return to_event_time(v) if isinstance(v, (str, datetime)) else json_value(v)
+        v = json_value(v)  # numpy integers, Decimal, pandas NA -> None, ...
+        if v is None:
+            return now_us
+        if not isinstance(v, int) or isinstance(v, bool):
+            return to_event_time(v)  # says what it must be
+    us = to_event_time(v)
+    if not check or EVENT_TIME_MIN_US <= us < EVENT_TIME_MAX_US:
+        return us
+    for unit, per, fix in _EVENT_TIME_UNITS:
+        if EVENT_TIME_MIN_US <= us * per < EVENT_TIME_MAX_US:
+            raise SchemaError(f"_event_time {us} looks like {unit} since the epoch, but an integer "
+                              f"_event_time is microseconds ({_us_text(us)} as such): {fix}, or give a "
+                              f"datetime", "$._event_time")
+    raise SchemaError(f"_event_time {us} is not a plausible time in microseconds since the epoch "
+                      f"({_us_text(us)}; 1980 to 3000 are): give microseconds, a datetime or an "
+                      f"ISO-8601 string", "$._event_time")
+
+
+def _us_text(us: int) -> str:
+    try:
+        return (_EPOCH + us * _US).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except OverflowError:
+        return "out of the datetime range"
+
+
+# Values orjson would otherwise serialize itself (datetimes, subclasses of str/int/dict/list,
+# dataclasses) go to the ``default`` hook, like numpy and Decimal values do: the hook is
+# called exactly when a document is not plain JSON. Only UUID and Enum values slip past
+# (orjson always serializes them); the shard's indexer refuses those, and the collection
+# converts and stores such a document again (Collection._put).
+_PASSTHROUGH = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+_ID_TYPES = (str, int, type(None))
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _not_plain(v: Any) -> Any:
+    raise _NotPlain
+
+
+def json_value(v: Any) -> Any:
+    """The JSON value a Python value means (the table in docs/reference.md).
+
+    numpy scalars become int/float/bool/str and arrays lists; datetimes (pandas Timestamp
+    and numpy datetime64 too) microseconds since the epoch, naive meaning UTC, like
+    ``_event_time`` (so a field compares with datetime parameters in SQL); timedeltas
+    microseconds; dates and times ISO-8601 text; Decimal an int when integral (and within
+    64 bits), else a float; UUID its text; Enum its value; pandas NaT and NA null. Containers
+    are converted throughout (tuples become lists). Returns ``v`` itself when nothing needed
+    converting, and a value of no known meaning (bytes, a set) unchanged, for the indexer to
+    report with its path.
+    """
+    t = type(v)
+    if t in _PLAIN:
+        return v
+    if isinstance(v, dict):
+        out = {}
+        same = t is dict
+        for k, x in v.items():
+            y = json_value(x)
+            if type(k) is not str and isinstance(k, str):  # numpy.str_ keys
+                k, same = str(k), False
+            same = same and y is x
+            out[k] = y
+        return v if same else out
+    if isinstance(v, (list, tuple)):
+        items = [json_value(x) for x in v]
+        return v if t is list and all(y is x for y, x in zip(items, v)) else items
+    if isinstance(v, datetime):
+        return None if v != v else to_event_time(v)  # pandas NaT (a datetime) means "no value"
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, clock_time):
+        return v.isoformat()
+    if isinstance(v, timedelta):
+        return v // _US
+    if isinstance(v, Decimal):
+        if v.is_finite() and v == v.to_integral_value() and keys.INT_MIN <= v <= keys.INT_MAX:
+            return int(v)
+        return float(v)
+    if isinstance(v, UUID):
+        return str(v)
+    if isinstance(v, Enum):
+        return json_value(v.value)
+    if isinstance(v, np.ndarray):
+        return array_values(v)
+    if isinstance(v, (np.datetime64, np.timedelta64)):
+        return array_values(np.asarray(v).reshape(1))[0]
+    if isinstance(v, np.generic):
+        return json_value(v.item())
+    if v is getattr(sys.modules.get("pandas"), "NA", _NotPlain):  # pandas may still be being imported
+        return None
+    for base in (str, int, float):  # subclasses the indexer would keep as they are
+        if isinstance(v, base):
+            return base(v)
+    return v
+
+
+def array_values(arr: Any) -> list:
+    """A numpy array as a list of JSON values (:func:`json_value`'s rules, at numpy speed for
+    numbers, datetimes and timedeltas; NaT is None)."""
+    if arr.ndim > 1:
+        return [array_values(a) for a in arr]
+    kind = arr.dtype.kind
+    if kind in "biuf":
+        return arr.tolist()
+    if kind in "mM":
+        out = arr.astype(f"{kind}8[us]").view(np.int64).tolist()  # floors, as to_event_time does
+        for i in np.flatnonzero(np.isnat(arr)).tolist():
+            out[i] = None
+        return out
+    return [json_value(x) for x in arr.tolist()]
+
+
+def to_json_bytes(d: dict) -> tuple[dict, bytes]:
+    """``(d as plain JSON types, its JSON bytes)``; ``d`` itself when it is plain already.
+
+    A plain document is serialized once and never walked in Python (most documents are
+    plain, and ingest must not get slower for them); one holding other types is converted
+    by :func:`json_value` first. TypeError (orjson.JSONEncodeError) for a value of no
+    known meaning.
+    """
+    try:
+        return d, orjson.dumps(d, default=_not_plain, option=_PASSTHROUGH)
+    except orjson.JSONEncodeError as e:
+        if not isinstance(e.__cause__, _NotPlain):
+            raise
+    d = json_value(d)
+    return d, orjson.dumps(d)
+
+
+def _converted(d: dict, limits: Limits) -> tuple[dict, bytes]:
+    """The slow path of :func:`prepare`: ``d`` converted to plain JSON and serialized, or a
+    SchemaError naming the path of the first value that cannot be stored."""
+    d = json_value(d)
+    try:
+        return d, orjson.dumps(d)
+    except orjson.JSONEncodeError as e:
+        error = e
+    try:  # the reference indexer names the path of the first bad value
+        _ReferenceBuilder(limits.max_depth).add(d)
+    except SchemaError:
+        raise
+    except Exception:  # e.g. a key with a lone surrogate: say what orjson said
+        pass
+    raise SchemaError(f"document is not JSON-serializable: {error}") from None
+
+
+def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = False) -> tuple[Any, bytes, dict, bytes]:
+    """(user id, id key, document, serialized document) ready for a shard, or SchemaError.
+
+    The document holds plain JSON types only (see :func:`to_json_bytes`); the caller's
+    dict is never changed. ``check_event_time``: see :func:`event_time_of` (ingest checks
+    what it is given; a patch re-stores a document whose time was checked before)."""
     if not isinstance(doc, dict):
         raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
-    doc_id = doc.get("_id")
+    given_id = doc.get("_id")
+    doc_id = given_id if type(given_id) in _ID_TYPES else json_value(given_id)  # numpy int, UUID
     et = doc.get("_event_time")
-    et_us = now_us if et is None else to_event_time(et)  # an int comes back as itself
-    if doc_id is None or et_us is not et:
-        # fill in what is missing on a copy: the caller's dict is never changed
+    et_us = now_us if et is None else event_time_of(et, now_us, check_event_time)  # a valid int: itself
+    if doc_id is None or doc_id is not given_id or et_us is not et:
+        # fill in what is missing on a copy
         d = dict(doc)
         if doc_id is None:
-            doc_id = d["_id"] = new_id()
+            doc_id = new_id()
+        d["_id"] = doc_id
         d["_event_time"] = et_us
     else:
         d = doc
     id_key = encode_id(doc_id)
-    try:
-        raw = orjson.dumps(d)
-    except (TypeError, orjson.JSONEncodeError) as e:
-        # find where: the reference indexer names the path of the first bad value
-        try:
-            _ReferenceBuilder(limits.max_depth).add(d)
-        except SchemaError:
-            raise
-        except Exception:  # e.g. a key with a lone surrogate: say what orjson said
-            pass
-        raise SchemaError(f"document is not JSON-serializable: {e}") from None
+    try:  # most documents are plain JSON: serialized once, never walked (see to_json_bytes)
+        raw = orjson.dumps(d, default=_not_plain, option=_PASSTHROUGH)
+    except orjson.JSONEncodeError:
+        d, raw = _converted(d, limits)
     if len(raw) > limits.max_document_bytes:
         raise SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes={limits.max_document_bytes}")
     return doc_id, id_key, d, raw
+
+
+def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Any]]:
+    """Yield (line number - 1, document or SchemaError) for each non-blank NDJSON line."""
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield i, orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            yield i, SchemaError(f"invalid JSON on line {i + 1}: {e}")
 
 
 def parse_input(data: bytes | str) -> Iterator[tuple[int, Any]]:
@@ -145,21 +337,7 @@ def parse_input(data: bytes | str) -> Iterator[tuple[int, Any]]:
         if isinstance(docs, list):
             yield from enumerate(docs)
             return
-    for i, line in enumerate(data.split(b"\n")):
-        if not line.strip():
-            continue
-        try:
-            yield i, orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            yield i, SchemaError(f"invalid JSON on line {i + 1}: {e}")
-
-
-def iter_input(docs: Iterable[Any] | bytes | str) -> Iterator[tuple[int, Any]]:
-    if isinstance(docs, (bytes, bytearray, memoryview, str)):
-        return parse_input(bytes(docs) if not isinstance(docs, str) else docs)
-    if isinstance(docs, dict):
-        raise TypeError("ingest() takes an iterable of documents; wrap a single document in a list")
-    return enumerate(docs)
+    yield from parse_lines(data.split(b"\n"))
 
 
 def now_us() -> int:

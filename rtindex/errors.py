@@ -95,3 +95,48 @@ class SqlError(RtindexError, ValueError):
 
 class UnsupportedSqlError(SqlError):
     """Valid SQL that rtindex does not run (yet): the message names the construct."""
+
+
+class ResultTooLargeError(SqlError):
+    """A result bigger than ``max_result_bytes`` (an option of ``rtindex.open``), refused
+    before it is built: ``rows()``, ``arrow()`` and ``df()`` raise it, ``arrow_reader()``
+    streams the result instead. ``rows`` and ``size_bytes`` say how big it was going to be
+    (``estimated``: from a sample of its rows, else measured), ``max_result_bytes`` the budget.
+    """
+
+    def __init__(self, rows: int, size_bytes: int, max_result_bytes: int, *, estimated: bool,
+                 sql: str | None = None):
+        self.rows = rows
+        self.size_bytes = size_bytes
+        self.max_result_bytes = max_result_bytes
+        self.estimated = estimated
+        how = "about " if estimated else ""
+        super().__init__(
+            f"the result is {rows:,} rows, {how}{_size(size_bytes)}, over max_result_bytes={_size(max_result_bytes)}: "
+            "add a LIMIT, select fewer fields or aggregate; read it in batches with Result.arrow_reader(); "
+            "or raise max_result_bytes in rtindex.open (None: no limit)", sql)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+class IngestError(RtindexError, ValueError):
+    """Documents of an ``ingest()`` call were not stored: raised with ``errors="raise"``
+    when any failed, and whatever ``errors`` says (but ``"report"``) when all of them did.
+
+    The good documents of the call are stored all the same; ``stats`` is the call's
+    ``IngestStats`` (``stats.errors`` lists every failure, ``stats.ids`` what was stored).
+    """
+
+    def __init__(self, message: str, stats: object):
+        super().__init__(message)
+        self.stats = stats
+
+
+class IngestWarning(UserWarning):
+    """Some documents of an ``ingest()`` call were not stored (the default ``errors="warn"``);
+    the others were. Pass ``errors="report"`` to read ``stats.errors`` without a warning."""

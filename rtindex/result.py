@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pyarrow as pa
 
+from rtindex.errors import ResultTooLargeError
 from rtindex.sql import frames
 
 if TYPE_CHECKING:
@@ -14,43 +15,60 @@ if TYPE_CHECKING:
 
     from rtindex.sql.engine import Plan
 
+BATCH_ROWS = 10_000  # arrow_reader()'s default batch size
+
 
 class Result:
     """Rows of one query. ``rows()`` gives dicts, ``arrow()`` a pyarrow Table, ``df()`` a
-    pandas DataFrame; iterating yields the dicts. ``access`` says which path ran ("index" or
-    "scan"), ``plan`` why, ``seconds`` how long it took and ``timings`` where that went
-    (seconds per stage: ``plan`` (parse, lookups, choice), ``fetch`` (index path: rows to
-    values, "add fields"), ``scan`` (column scan), ``duckdb``).
+    pandas DataFrame; iterating yields the dicts; ``arrow_reader()`` streams record batches.
+    ``access`` says which path ran ("index" or "scan"), ``plan`` why, ``seconds`` how long it
+    took and ``timings`` where that went (seconds per stage: ``plan`` (parse, lookups,
+    choice), ``fetch`` (index path: rows to values, "add fields"), ``scan`` (column scan),
+    ``duckdb``).
 
     Documents (``SELECT *``) come back as stored; as Arrow, their top-level fields become
     columns, typed as docs/sql.md describes.
+
+    A result larger than the database's ``max_result_bytes`` is not built: ``Database.sql``
+    returns it unread, ``rows()``, ``arrow()``, ``df()`` and iteration raise
+    ResultTooLargeError, and ``arrow_reader()`` reads it in batches.
     """
 
     def __init__(self, columns: list[str] | None, *, rows: list[dict] | None = None,
-                 table: pa.Table | None = None, access: str = "index"):
+                 table: pa.Table | None = None, access: str = "index",
+                 refused: ResultTooLargeError | None = None,
+                 stream: Callable[[int], pa.RecordBatchReader] | None = None):
         self._columns = columns
         self._rows = rows
         self._table = table
+        self._refused = refused  # set: the result is over budget; only stream() reads it
+        self._stream = stream
         self.access = access
         self.plan: Plan | None = None
         self.seconds = 0.0
         self.timings: dict[str, float] = {}
 
+    def _check_budget(self) -> None:
+        if self._refused is not None:
+            raise self._refused.with_traceback(None)
+
     @property
     def columns(self) -> list[str]:
         """Output column names (for ``SELECT *``: the top-level fields of the rows)."""
         if self._columns is None:
-            self._columns = self.arrow().column_names
+            self._columns = (self.arrow_reader().schema if self._refused is not None else self.arrow().schema).names
         return list(self._columns)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every row as a dict of column name -> value."""
+        self._check_budget()
         if self._rows is None:
             self._rows = self._table.to_pylist()
         return self._rows
 
     def arrow(self) -> pa.Table:
         """Every row as a pyarrow Table."""
+        self._check_budget()
         if self._table is None:
             self._table = frames.rows_table(self._rows)
             if self._columns is not None and not self._table.column_names and self._columns:
@@ -63,10 +81,29 @@ class Result:
             raise ImportError("Result.df() needs pandas: pip install pandas")
         return self.arrow().to_pandas()
 
+    def arrow_reader(self, batch_size: int = BATCH_ROWS) -> pa.RecordBatchReader:
+        """Every row as a ``pyarrow.RecordBatchReader`` of batches of about ``batch_size``
+        rows, typed as ``arrow()`` types them; never refused by ``max_result_bytes``.
+
+        A result over that budget is read from the snapshot of the query as the batches are
+        consumed, so memory stays bounded by a batch (plus, for the index path, what the
+        query needs besides the rows: docs/sql.md says what). Index-path rows are read twice:
+        once to learn every column and its type, once for the batches.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+        if self._refused is not None:
+            return self._stream(batch_size)
+        table = self.arrow()
+        return pa.RecordBatchReader.from_batches(table.schema, (b for b in table.to_batches(max_chunksize=batch_size)
+                                                                if b.num_rows))
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.rows())
 
     def __len__(self) -> int:
+        if self._refused is not None:
+            return self._refused.rows
         return len(self._rows) if self._rows is not None else self._table.num_rows
 
     def __repr__(self) -> str:

@@ -7,6 +7,7 @@ that combine with ``&``, ``|`` and ``-``; rows are fetched by row id; chosen col
 
 from __future__ import annotations
 
+import itertools
 import math
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
@@ -27,10 +28,16 @@ if TYPE_CHECKING:
 
 Path = str | Sequence[str]
 _NUMERIC_INT_TAGS = (keys.INT, keys.TIMESTAMP)
+_REPR_ROWS = 5  # how many (shard, row id) pairs repr(Postings) shows
 
 
 class Postings:
-    """A set of rows of one snapshot: per (shard, segment base), a BitMap of offsets."""
+    """A set of rows of one snapshot, each named by (shard, row id).
+
+    Combine with ``&``, ``|`` and ``-``; ``len()`` counts the rows; iterating yields their
+    (shard, row id) pairs in :meth:`row_ids` order; :meth:`Snapshot.fetch` reads the
+    documents. Held as a BitMap of offsets per (shard, segment base).
+    """
 
     __slots__ = ("_snap", "_parts")
 
@@ -63,12 +70,23 @@ class Postings:
     def __bool__(self) -> bool:
         return bool(self._parts)
 
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        """(shard, row id) of every row, ordered by shard then row id, as :meth:`row_ids`."""
+        for (shard, base) in sorted(self._parts):
+            for offset in self._parts[(shard, base)]:
+                yield shard, base + offset
+
+    def __repr__(self) -> str:
+        """The count and the first (shard, row id) pairs: ``<rtindex.Postings 7 rows: (0, 3), ...>``."""
+        first = [f"({shard}, {rid})" for shard, rid in itertools.islice(self, _REPR_ROWS)]
+        n = len(self)
+        more = ", ..." if n > len(first) else ""
+        rows = f": {', '.join(first)}{more}" if first else ""
+        return f"<rtindex.Postings {n:,} row{'' if n == 1 else 's'}{rows}>"
+
     def row_ids(self) -> list[tuple[int, int]]:
         """(shard, row id) of every row, ordered by shard then row id."""
-        out = []
-        for (shard, base) in sorted(self._parts):
-            out.extend((shard, base + o) for o in self._parts[(shard, base)])
-        return out
+        return list(self)
 
     def by_shard(self) -> dict[int, np.ndarray]:
         """Row ids per shard, increasing, as uint64 arrays."""
@@ -204,8 +222,9 @@ class Snapshot:
                                                                 for lo, hi in ranges)))
 
     # -- rows and columns ---------------------------------------------------
-    def fetch(self, rows: Postings, limit: int | None = None, *, copy: bool = True) -> list[dict]:
-        """The documents of ``rows`` (in shard, row id order), at most ``limit``.
+    def fetch(self, rows: Postings, limit: int | None = None, *, offset: int = 0, copy: bool = True) -> list[dict]:
+        """The documents of ``rows`` (in shard, row id order), after the first ``offset``, at
+        most ``limit``: so a large result can be read in chunks.
 
         Rows come through the database's RowStoreCache. ``copy=False`` returns the cached
         objects themselves (no copy, for readers that only read them: never modify those).
@@ -213,6 +232,10 @@ class Snapshot:
         self._check()  # (cached rows would not notice a closed store)
         out: list[dict] = []
         for shard, rids in rows.by_shard().items():
+            if offset >= len(rids):
+                offset -= len(rids)
+                continue
+            rids, offset = rids[offset:], 0
             if limit is not None:
                 rids = rids[: limit - len(out)]
             docs = self._shards[shard].fetch(rids)

@@ -10,6 +10,7 @@ loop keeps receiving other requests' bytes meanwhile.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -82,7 +83,8 @@ class IngestService:
         for d in docs:
             if isinstance(d, dict) and d.get("_id") is None:
                 d["_id"] = uuid.uuid4().hex  # so the reply can name it
-        stats = await anyio.to_thread.run_sync(coll.ingest, docs)
+        # errors="report": each document's outcome goes into the reply; nothing is raised
+        stats = await anyio.to_thread.run_sync(functools.partial(coll.ingest, docs, errors="report", progress=False))
         errors = {e.index: e for e in stats.errors}
         replaced = set(stats.replaced)
         for i, d in enumerate(docs):

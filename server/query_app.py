@@ -151,14 +151,19 @@ class QueryService:
             raise HttpError(413, "LimitExceeded", f"the result has {n} rows, over max_result_rows="
                                                   f"{self.limits.max_result_rows}: add a LIMIT or aggregate",
                             limit="max_result_rows")
-        if arrow:
-            sink = pa.BufferOutputStream()
-            table = res.arrow()
-            with pa.ipc.new_stream(sink, table.schema) as w:
-                w.write_table(table)
-            body = sink.getvalue().to_pybytes()
-        else:
-            body = orjson.dumps(res.rows(), default=str, option=orjson.OPT_NON_STR_KEYS)
+        try:  # the database was opened with max_result_bytes: a result over it is refused unbuilt
+            if arrow:
+                sink = pa.BufferOutputStream()
+                table = res.arrow()
+                with pa.ipc.new_stream(sink, table.schema) as w:
+                    w.write_table(table)
+                body = sink.getvalue().to_pybytes()
+            else:
+                body = orjson.dumps(res.rows(), default=str, option=orjson.OPT_NON_STR_KEYS)
+        except rtindex.ResultTooLargeError as e:
+            raise HttpError(413, "LimitExceeded", f"the result is {e.rows} rows, {'about ' if e.estimated else ''}"
+                                                  f"{e.size_bytes} bytes, over max_result_bytes={e.max_result_bytes}: "
+                                                  "add a LIMIT or select fewer fields", limit="max_result_bytes") from None
         if len(body) > self.limits.max_result_bytes:
             raise HttpError(413, "LimitExceeded", f"the result is {len(body)} bytes, over max_result_bytes="
                                                   f"{self.limits.max_result_bytes}: add a LIMIT or select fewer fields",

@@ -69,7 +69,7 @@ def main(role: str) -> int:
     elif role == "query":
         from . import query_app
 
-        db = rtindex.open(config.data, role="reader")
+        db = rtindex.open(config.data, role="reader", max_result_bytes=config.limits.max_result_bytes)
         app = query_app.build_app(db, config)
         server = uvicorn.Server(uvicorn.Config(app, **common))
         sockets = [socket.socket(fileno=int(os.environ["RTINDEX_LISTEN_FD"]))]

@@ -111,14 +111,14 @@ def test_ndjson_in_several_batches_reports_what_embedded_reports(db, tmp_path, m
     coll = db.create_collection(fresh("nd"), shards=2)
     coll.ingest([{"_id": 0, "v": -1}])  # so that _id 0 is replaced, as below
     rec = Recorder(db, monkeypatch)
-    got = coll.ingest(data, batch_size=6)
+    got = coll.ingest(data, batch_size=6, errors="report")
     posts = [c for c in rec.calls if c[0] == "POST"]
     assert len(posts) == 6  # 34 documents to send, 6 a request
     assert all(c[2]["headers"]["Content-Type"] == "application/x-ndjson" for c in posts)
     with rtindex.open(str(tmp_path / "emb")) as emb:
         ec = emb.create_collection("nd", shards=2)
         ec.ingest([{"_id": 0, "v": -1}])
-        want = ec.ingest(data, batch_size=6)
+        want = ec.ingest(data, batch_size=6, errors="report")
     assert (got.n, got.ids, got.replaced) == (want.n, want.ids, want.replaced)
     assert got.errors == want.errors and [e.index for e in got.errors] == [4, 13, 20, 22, 23, 31]
     assert got.fence.startswith(coll.name + "/") and got.seconds > 0
@@ -152,7 +152,7 @@ def test_ingest_takes_what_embedded_takes_and_reads_lazily(db, monkeypatch):
     assert st.n == 25 and st.ids == [f"g{i}" for i in range(25)] and not st.errors
     assert at_send[:3] == [10, 20, 25]  # a batch is sent as soon as it is full
     # a JSON array, as bytes and as str; documents without _id get one
-    st = coll.ingest(b'[{"x": 1}, {"x": 2}, 5]')
+    st = coll.ingest(b'[{"x": 1}, {"x": 2}, 5]', errors="report")
     assert st.n == 2 and all(len(i) == 32 for i in st.ids)
     assert [(e.index, e.message) for e in st.errors] == [(2, "a document must be a JSON object, not int")]
     st = coll.ingest('{"_id": "s1"}\n{"_id": "s2"}\n')
@@ -164,7 +164,8 @@ def test_ingest_takes_what_embedded_takes_and_reads_lazily(db, monkeypatch):
     for _ in range(70):
         node["d"] = {}
         node = node["d"]
-    st = coll.ingest([{"_id": "ok1"}, {"_id": "set", "v": {1, 2}}, big, deep, {"_id": "ok2"}], batch_size=100)
+    st = coll.ingest([{"_id": "ok1"}, {"_id": "set", "v": {1, 2}}, big, deep, {"_id": "ok2"}], batch_size=100,
+                     errors="report")
     assert st.ids == ["ok1", "ok2"]
     assert [(e.index, e.id) for e in st.errors] == [(1, "set"), (2, "big"), (3, "deep")]
     assert "max_document_bytes" in st.errors[1].message and st.errors[2].path.startswith("$.d.d")

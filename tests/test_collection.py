@@ -33,14 +33,15 @@ def test_ingest_bytes_json_array_and_ndjson(db):
 def test_generated_id_and_event_time(db):
     c = db.create_collection("c")
     t = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
-    stats = c.ingest([{"x": 1}, {"_event_time": t}, {"_event_time": "2024-05-01T12:00:00"}, {"_event_time": 5}])
+    stats = c.ingest([{"x": 1}, {"_event_time": t}, {"_event_time": "2024-05-01T12:00:00"},
+                      {"_event_time": 1_700_000_000_000_005}])
     assert stats.n == 4
     gen = stats.ids[0]
     assert isinstance(gen, str) and len(gen) == 32 and c.get(gen)["x"] == 1
     us = int(t.timestamp() * 1_000_000)
     assert c.get(stats.ids[1])["_event_time"] == us
     assert c.get(stats.ids[2])["_event_time"] == us
-    assert c.get(stats.ids[3])["_event_time"] == 5
+    assert c.get(stats.ids[3])["_event_time"] == 1_700_000_000_000_005
 
 
 def test_int_and_string_ids_are_distinct(db):
@@ -113,7 +114,7 @@ def test_patch(db):
 )
 def test_bad_documents_are_reported_and_good_ones_kept(db, doc, path, message):
     c = db.create_collection("c")
-    stats = c.ingest([{"_id": "good-1"}, doc, {"_id": "good-2"}])
+    stats = c.ingest([{"_id": "good-1"}, doc, {"_id": "good-2"}], errors="report")
     assert stats.n == 2 and stats.ids == ["good-1", "good-2"]
     [err] = stats.errors
     assert err.index == 1 and err.path == path and message in err.message
@@ -126,7 +127,7 @@ def test_depth_and_size_limits(open_db):
     c = db.create_collection("c")
     deep = {"a": {"b": {"c": {"d": {"e": 1}}}}}
     ok = {"a": {"b": {"c": 1}}}
-    stats = c.ingest([ok, deep, {"big": "x" * 2000}])
+    stats = c.ingest([ok, deep, {"big": "x" * 2000}], errors="report")
     assert stats.n == 1
     assert [(e.index, e.path) for e in stats.errors] == [(1, "$.a.b.c.d"), (2, "$")]
     assert "deeper than 4" in stats.errors[0].message and "max_document_bytes" in stats.errors[1].message
@@ -134,10 +135,10 @@ def test_depth_and_size_limits(open_db):
 
 def test_invalid_json_input_is_reported_per_line(db):
     c = db.create_collection("c")
-    stats = c.ingest(b'{"_id": 1}\n{nope\n{"_id": 2}\n')
+    stats = c.ingest(b'{"_id": 1}\n{nope\n{"_id": 2}\n', errors="report")
     assert stats.n == 2 and [e.index for e in stats.errors] == [1]
     assert "line 2" in stats.errors[0].message
-    stats = c.ingest(b"[{]")
+    stats = c.ingest(b"[{]", errors="report")
     assert stats.n == 0 and "invalid JSON" in stats.errors[0].message
 
 
@@ -217,9 +218,9 @@ def test_stats(db):
 
 def test_ndjson_whose_first_line_is_an_array(db):
     c = db.create_collection("c")
-    stats = c.ingest(b'[1, 2]\n{"_id": 1}\n')
+    stats = c.ingest(b'[1, 2]\n{"_id": 1}\n', errors="report")
     assert stats.n == 1 and [e.index for e in stats.errors] == [0]
-    assert c.ingest(b"[1, 2]").errors[0].message.startswith("a document must be a JSON object")
+    assert c.ingest(b"[1, 2]", errors="report").errors[0].message.startswith("a document must be a JSON object")
 
 
 def test_background_failure_is_reported_retried_and_recovers_without_reopen(tmp_path, monkeypatch):

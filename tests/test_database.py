@@ -293,7 +293,7 @@ def test_ids_are_listed_once_in_order_of_first_appearance(db, batch_size):
 
 def test_a_rejected_later_version_leaves_the_earlier_one_counted(db):
     c = db.create_collection("c")
-    stats = c.ingest([{"_id": 7, "v": 1}, {"_id": 7, "v": float("nan")}])
+    stats = c.ingest([{"_id": 7, "v": 1}, {"_id": 7, "v": float("nan")}], errors="report")
     assert [e.index for e in stats.errors] == [1]
     assert (stats.n, stats.ids) == (1, [7]) and c.get(7)["v"] == 1
     assert stats.bytes == len(orjson.dumps(c.get(7)))

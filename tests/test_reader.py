@@ -678,5 +678,5 @@ def test_write_fences_give_read_your_writes(pair):
 def test_ingest_reports_which_documents_replaced_a_stored_one(db):
     c = db.create_collection("r", shards=2)
     assert c.ingest([{"_id": 1}, {"_id": 2}]).replaced == []
-    s = c.ingest([{"_id": 3}, {"_id": 2}, {"_id": "bad", "x": float("nan")}, {"_id": 3}, {"_id": 1}])
+    s = c.ingest([{"_id": 3}, {"_id": 2}, {"_id": "bad", "x": float("nan")}, {"_id": 3}, {"_id": 1}], errors="report")
     assert s.replaced == [1, 3, 4] and s.n == 3

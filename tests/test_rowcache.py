@@ -18,7 +18,7 @@ def test_get_and_queries_fill_and_hit_the_cache(tmp_path):
         c = db.create_collection("t", shards=2)
         c.ingest([{"_id": i, "g": i % 3, "o": {"x": [i]}} for i in range(30)])
         before = db.stats()["row_cache"]
-        assert before["entries"] == 0 and before["capacity_bytes"] == 256 << 20
+        assert before["entries"] == 0 and before["capacity_bytes"] == 64 << 20  # the default
         assert c.get(4)["o"] == {"x": [4]}
         assert db.stats()["row_cache"]["misses"] == 1
         assert c.get(4)["g"] == 1

@@ -149,3 +149,21 @@ def test_column_types_name_only_real_columns_in_memory_and_sealed(db):
         assert s.column_types("o.p") == ["int"] and s.column_types("x") == ["null"]
         assert s.scan([("arr", "array")]).column("arr:array").to_pylist() == ["[1,2]"]
         c.flush()
+
+
+def test_postings_iterate_in_row_id_order_and_show_themselves(db):
+    coll = db.create_collection("p", shards=3)
+    coll.ingest([{"_id": i, "even": i % 2 == 0} for i in range(300)])  # several sealed segments a shard
+    coll.ingest([{"_id": i, "even": True} for i in range(300, 310)])  # and rows still in memory
+    snap = coll.snapshot()
+    p = snap.term("even", True)
+    pairs = list(p)
+    assert pairs == p.row_ids() == sorted(pairs) and len(pairs) == len(p) == 160
+    assert {s for s, _ in pairs} == {0, 1, 2}
+    # the pairs name the rows fetch() reads, in the order it reads them
+    assert [snap.term("_id", d["_id"]).row_ids()[0] for d in snap.fetch(p)] == pairs
+    first = ", ".join(f"({s}, {r})" for s, r in pairs[:5])
+    assert repr(p) == f"<rtindex.Postings 160 rows: {first}, ...>"
+    (s, r), = snap.term("_id", 7)
+    assert repr(snap.term("_id", 7)) == f"<rtindex.Postings 1 row: ({s}, {r})>"
+    assert repr(snap.term("_id", "none")) == "<rtindex.Postings 0 rows>" and list(snap.term("_id", "none")) == []

@@ -21,19 +21,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from rtindex import keys
-from rtindex.errors import NotFoundError, SqlError
+from rtindex.errors import NotFoundError, ResultTooLargeError, SqlError
 from rtindex.result import Result
-from rtindex.rowcache import copy_json
+from rtindex.rowcache import DECODED_BYTES_PER_JSON_BYTE, copy_json
 from rtindex.segments import OverBudget
 from rtindex.sql import frames
 from rtindex.sql import predicates as P
-from rtindex.sql.execute import DuckEngine
+from rtindex.sql.execute import DuckEngine, OutputTooLarge
 from rtindex.sql.parse import PlanCache, Query
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ ROW_COST = 8.0
 COLUMN_COST = 0.035
 SCAN_OVERHEAD = 400.0
 ACCESS = ("index", "scan")
+# rows of an index-path result measured to estimate its size before it is fetched in full
+SAMPLE_ROWS = 16
 
 
 @dataclass
@@ -82,8 +85,9 @@ class SqlEngine:
     """SQL for one Database: the plan cache and the sandboxed DuckDB live here. It reaches
     collections only through ``lookup`` (a name -> Collection callable)."""
 
-    def __init__(self, lookup: Callable[[str], Any]):
+    def __init__(self, lookup: Callable[[str], Any], max_result_bytes: int | None = None):
         self._lookup = lookup
+        self.max_result_bytes = max_result_bytes  # None: no budget (see ResultTooLargeError)
         self._plans = PlanCache()
         self._duck: DuckEngine | None = None
         self._lock = threading.Lock()
@@ -242,6 +246,7 @@ class _Execution:
 
     # -- running ----------------------------------------------------------------------
     def run(self, plan: Plan) -> Result:
+        self.plan = plan
         if plan.access == "scan":
             return self.run_scan(plan)
         return self.run_index(plan)
@@ -250,42 +255,117 @@ class _Execution:
         return self.int_param(self.q.limit), self.int_param(self.q.offset) or 0
 
     def run_index(self, plan: Plan) -> Result:
+        """The index path. Under a budget (``max_result_bytes``) the size of what it builds is
+        estimated from a sample before the rest is fetched, and DuckDB's output is measured
+        as it comes; a result over the budget comes back unbuilt (see :meth:`refused`)."""
+        return self.run_plain() if self.q.plain is not None else self.run_index_duck(plan)
+
+    def run_plain(self) -> Result:
+        """Documents or a plain projection: the rows are built right here, without DuckDB."""
         q = self.q
         limit, offset = self.limits()
+        n_out = max(0, len(self.rows) - offset)
+        if limit is not None:
+            n_out = min(n_out, limit)
+        budget = self.engine.max_result_bytes
+        columns = None if q.star else q.outputs
         t0 = time.perf_counter()
-        if q.plain is not None:
-            want = None if limit is None else offset + limit
-            if q.star:
-                docs = self.snap.fetch(self.rows, limit=want)[offset:]  # copies: the user's to keep
-                if q.star_except:
-                    docs = [{k: v for k, v in d.items() if k not in q.star_except} for d in docs]
+
+        def chunks(batch_rows: int) -> Iterator[list[dict]]:
+            for start in range(0, n_out, batch_rows):
+                yield self.plain_rows(self.snap.fetch(self.rows, min(batch_rows, n_out - start),
+                                                      offset=offset + start, copy=False))
+
+        def stream(batch_rows: int) -> pa.RecordBatchReader:
+            return frames.rows_reader(lambda: chunks(batch_rows), columns)
+        if budget is not None and n_out > SAMPLE_ROWS:  # refuse before fetching it all
+            sample = self.plain_rows(self.snap.fetch(self.rows, SAMPLE_ROWS, offset=offset, copy=False))
+            size = _row_bytes(sample) * n_out // len(sample)
+            if size > budget:
                 self.timings["fetch"] = time.perf_counter() - t0
-                return Result(None, rows=docs, access="index")
-            docs = self.snap.fetch(self.rows, limit=want, copy=False)[offset:]
-            rows = [{name: frames.output_value(path, frames.get_path(d, path)) for name, path in q.plain}
-                    for d in docs]
-            self.timings["fetch"] = time.perf_counter() - t0
-            return Result(q.outputs, rows=rows, access="index")
+                return self.refused(columns, n_out, size, True, stream)
+        # documents of SELECT * are copies: the user's to keep
+        rows = self.plain_rows(self.snap.fetch(self.rows, n_out, offset=offset, copy=q.star))
+        self.timings["fetch"] = time.perf_counter() - t0
+        if budget is not None and n_out <= SAMPLE_ROWS:  # a few rows: measured, not estimated
+            size = _row_bytes(rows)
+            if size > budget:
+                return self.refused(columns, n_out, size, False, stream)
+        return Result(columns, rows=rows, access="index")
+
+    def run_index_duck(self, plan: Plan) -> Result:
+        """Aggregates, ORDER BY, expressions: DuckDB over a frame of the fields they use."""
+        q = self.q
+        budget = self.engine.max_result_bytes
+        t0 = time.perf_counter()
         docs = self.snap.fetch(self.rows, copy=False)  # shared, read-only: only read into Arrow
-        names = list(q.fields.values())
-        cols = [frames.column(frames.values(docs, path), path) for path in q.fields]
-        names.append("__pos")  # the row's position in docs (also: a frame needs one column)
-        cols.append(pa.array(np.arange(len(docs), dtype=np.int64)))
-        frame = frames.table(names, cols)
+        frame = self.frame(docs)
         t1 = time.perf_counter()
         self.timings["fetch"] = t1 - t0
-        out = self.engine.duck().run(self.duck_text(plan), {"frame": frame}, self.duck_params())
-        self.timings["duckdb"] = time.perf_counter() - t1
+        text, params = self.duck_text(plan), self.duck_params()
+
+        def stream(batch_rows: int) -> pa.RecordBatchReader:
+            frame = self.frame(self.snap.fetch(self.rows, copy=False))
+            return self.engine.duck().stream(text, {"frame": frame}, params, batch_rows)
+        try:
+            out = self.engine.duck().run(text, {"frame": frame}, params, None if q.star else budget)
+        except OutputTooLarge as e:
+            return self.refused(e.columns, e.rows, e.nbytes, False, stream)
+        finally:
+            self.timings["duckdb"] = time.perf_counter() - t1
         if not q.star:
             return Result(out.column_names, table=out, access="index")
+        if budget is not None and out.num_rows:  # the documents are not built yet: estimate them
+            sample = self.star_rows(out.slice(0, SAMPLE_ROWS), docs, copy=False)
+            size = _row_bytes(sample) * out.num_rows // len(sample)
+            if size > budget:
+                return self.refused(None, out.num_rows, size, out.num_rows > SAMPLE_ROWS, self.star_stream)
+        return Result(None, rows=self.star_rows(out, docs, copy=True), access="index")
+
+    def star_stream(self, batch_rows: int) -> pa.RecordBatchReader:
+        """``SELECT *, <expressions>`` in batches. DuckDB computes the expressions and the order
+        over the fields they use, so the matched documents stay in memory (as the row cache's
+        shared objects) while the batches are read."""
+        docs = self.snap.fetch(self.rows, copy=False)
+        out = self.engine.duck().run(self.duck_text(self.plan), {"frame": self.frame(docs)}, self.duck_params())
+
+        def chunks() -> Iterator[list[dict]]:
+            for batch in out.to_batches(batch_rows):
+                yield self.star_rows(batch, docs, copy=False)
+        return frames.rows_reader(chunks)
+
+    def plain_rows(self, docs: list[dict]) -> list[dict]:
+        """Output rows of a query the index path answers without DuckDB (``q.plain``)."""
+        q = self.q
+        if q.star:
+            return [{k: v for k, v in d.items() if k not in q.star_except} for d in docs] if q.star_except else docs
+        return [{name: frames.output_value(path, frames.get_path(d, path)) for name, path in q.plain} for d in docs]
+
+    def frame(self, docs: list[dict]) -> pa.Table:
+        """The table DuckDB reads on the index path: the fields the query uses, and ``__pos``,
+        each row's position in ``docs`` (also: a frame needs one column)."""
+        names = list(self.q.fields.values()) + ["__pos"]
+        cols = [frames.column(frames.values(docs, path), path) for path in self.q.fields]
+        cols.append(pa.array(np.arange(len(docs), dtype=np.int64)))
+        return frames.table(names, cols)
+
+    def star_rows(self, out: pa.Table | pa.RecordBatch, docs: list[dict], copy: bool) -> list[dict]:
+        """``SELECT *, <expressions>`` rows: the documents at ``out``'s ``__pos``, plus its other columns."""
         extras = [n for n in out.column_names if n != "__pos"]
         rows = []
         for r in out.to_pylist():
-            d = copy_json(docs[r["__pos"]])
-            row = {k: v for k, v in d.items() if k not in q.star_except}
+            d = copy_json(docs[r["__pos"]]) if copy else docs[r["__pos"]]
+            row = {k: v for k, v in d.items() if k not in self.q.star_except}
             row.update((n, r[n]) for n in extras)
             rows.append(row)
-        return Result(None, rows=rows, access="index")
+        return rows
+
+    def refused(self, columns: list[str] | None, rows: int, size: int, estimated: bool,
+                stream: Callable[[int], pa.RecordBatchReader]) -> Result:
+        """A Result over the budget: its rows are not built (reading them raises
+        ResultTooLargeError), ``stream`` reads it in batches."""
+        error = ResultTooLargeError(rows, size, self.engine.max_result_bytes, estimated=estimated, sql=self.q.sql)
+        return Result(columns, access=self.plan.access, refused=error, stream=stream)
 
     def duck_params(self) -> dict[str, Any]:
         """Parameters of the DuckDB text: a datetime stays a timestamp there (naive means UTC,
@@ -335,14 +415,31 @@ class _Execution:
     def run_scan(self, plan: Plan) -> Result:
         t0 = time.perf_counter()
         text = self.duck_text(plan)
-        scan = self.snap.scan(self._scan_specs)
-        scan = scan.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(self._scan_specs))])
+        specs = self._scan_specs
         params = {**self.duck_params(), **self._scan_params}
+
+        def scan() -> pa.Table:
+            table = self.snap.scan(specs)
+            return table.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(specs))])
+
+        def stream(batch_rows: int) -> pa.RecordBatchReader:
+            return self.engine.duck().stream(text, {"scan": scan()}, params, batch_rows)
+        table = scan()
         t1 = time.perf_counter()
         self.timings["scan"] = t1 - t0
-        out = self.engine.duck().run(text, {"scan": scan}, params)
-        self.timings["duckdb"] = time.perf_counter() - t1
+        try:
+            out = self.engine.duck().run(text, {"scan": table}, params, self.engine.max_result_bytes)
+        except OutputTooLarge as e:
+            return self.refused(e.columns, e.rows, e.nbytes, False, stream)
+        finally:
+            self.timings["duckdb"] = time.perf_counter() - t1
         return Result(out.column_names, table=out, access="scan")
+
+
+def _row_bytes(rows: list[dict]) -> int:
+    """The memory result rows take as Python objects, by their JSON size and the ratio the
+    row cache charges (what the budget counts for rows built from documents)."""
+    return sum(len(orjson.dumps(r, default=str)) for r in rows) * DECODED_BYTES_PER_JSON_BYTE
 
 
 def _check_params(q: Query, params: Any) -> Mapping | Sequence:

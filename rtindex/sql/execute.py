@@ -12,14 +12,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Iterator
 
 import duckdb
 import pyarrow as pa
 
-from rtindex.errors import ClosedError, SqlError
+from rtindex.errors import ClosedError, RtindexError, SqlError
 
 CHECKED_STATEMENTS = 1024  # parsed-and-checked statements kept, by SQL text
+READ_BATCH_ROWS = 65_536  # rows per batch when a result is read in batches (DuckDB makes 2,048 at a time)
 
 _CONFIG = {
     # No files, no network, no Python replacement scans of the caller's variables.
@@ -47,6 +48,17 @@ _LOCKDOWN = (
 )
 
 
+class OutputTooLarge(Exception):
+    """A result over :meth:`DuckEngine.run`'s ``max_bytes``: its ``columns``, and the ``rows``
+    and ``nbytes`` (Arrow) it had."""
+
+    def __init__(self, columns: list[str], rows: int, nbytes: int):
+        super().__init__(f"{rows} rows, {nbytes} bytes")
+        self.columns = columns
+        self.rows = rows
+        self.nbytes = nbytes
+
+
 class DuckEngine:
     """A sandboxed DuckDB database shared by every query of one rtindex Database."""
 
@@ -61,15 +73,76 @@ class DuckEngine:
         self._con: duckdb.DuckDBPyConnection | None = duckdb.connect(":memory:", config=config)
         for statement in _LOCKDOWN:
             self._con.execute(statement)
-        # Guards _con, _running and _checked; close() waits on it for in-flight runs to stop.
+        # Guards _con, _running, _streams and _checked; close() waits on it for in-flight runs to stop.
         self._cond = threading.Condition()
         self._running: set[duckdb.DuckDBPyConnection] = set()
+        # cursors of readers handed out by stream(), which run as fast as their consumers read
+        self._streams: set[duckdb.DuckDBPyConnection] = set()
         # SQL text -> its one checked SELECT statement: the SQL layer runs the same few texts
         # over and over, and parsing one again costs as much as a small query's execution
         self._checked: OrderedDict[str, duckdb.Statement] = OrderedDict()
 
-    def run(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None) -> pa.Table:
-        """Run one SELECT over the given Arrow tables (registered under those names for this call only) with named parameters ($name in the text) and return the result as a pyarrow Table."""
+    def run(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None,
+            max_bytes: int | None = None) -> pa.Table:
+        """Run one SELECT over the given Arrow tables (registered under those names for this
+        call only) with named parameters ($name in the text) and return the result as a
+        pyarrow Table. With ``max_bytes``, a result that grows past it is not kept: the rest
+        is only counted, batch by batch, and :class:`OutputTooLarge` says how big it was."""
+        cursor = self._open_cursor(self._running)
+        try:
+            relation = self._relation(cursor, sql, tables, params)
+            if max_bytes is None:
+                return relation.to_arrow_table()
+            reader = relation.to_arrow_reader(READ_BATCH_ROWS)
+            kept: list[pa.RecordBatch] | None = []
+            rows = size = 0
+            for batch in reader:
+                rows += batch.num_rows
+                size += batch.nbytes
+                if kept is not None and size <= max_bytes:
+                    kept.append(batch)
+                else:
+                    kept = None
+            if kept is None:
+                raise OutputTooLarge(reader.schema.names, rows, size)
+            return pa.Table.from_batches(kept, schema=reader.schema)
+        except (duckdb.Error, OSError, pa.ArrowException) as e:
+            raise self._error(e, sql) from e
+        finally:
+            self._close_cursor(cursor, self._running)
+
+    def stream(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None,
+               batch_rows: int = READ_BATCH_ROWS) -> pa.RecordBatchReader:
+        """:meth:`run`, as a reader of record batches (about ``batch_rows`` rows each) that
+        DuckDB produces as they are read. Its cursor stays open until the reader is exhausted
+        or dropped; close() does not wait for that: it interrupts the query, and the reader
+        raises ClosedError."""
+        cursor = self._open_cursor(self._streams)
+        try:
+            reader = self._relation(cursor, sql, tables, params).to_arrow_reader(batch_rows)
+        except BaseException as e:
+            self._close_cursor(cursor, self._streams)
+            if isinstance(e, duckdb.Error):
+                raise self._error(e, sql) from e
+            raise
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                while True:
+                    if self._con is None:  # an interrupt that came before the query ran is lost
+                        raise ClosedError("the SQL engine was closed while the result was read")
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        return
+                    except (duckdb.Error, OSError, pa.ArrowException) as e:  # Arrow's reader: OSError
+                        raise self._error(e, sql) from e
+                    yield batch
+            finally:
+                self._close_cursor(cursor, self._streams)
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+    def _open_cursor(self, registry: set) -> duckdb.DuckDBPyConnection:
         with self._cond:
             if self._con is None:
                 raise ClosedError("the SQL engine is closed")
@@ -77,25 +150,30 @@ class DuckEngine:
             # safe to use from this thread while others use theirs, and the views
             # register() makes are temporary to it, so names never meet across calls.
             cursor = self._con.cursor()
-            self._running.add(cursor)
-        try:
-            statement = self._statement(cursor, sql)
-            for name, table in tables.items():
-                cursor.register(name, table)  # a view over memory: no external access needed
-            # sql() on the checked statement runs exactly what was checked, and its
-            # relation hands Arrow over without the copy a DB-API result makes.
-            return cursor.sql(statement, params=None if params is None else dict(params)).to_arrow_table()
-        except duckdb.Error as e:
-            if self._con is None:  # close() interrupted us
-                raise ClosedError("the SQL engine was closed while the query ran") from e
-            # DuckDB's first line says what is wrong; the rest is the text echoed with
-            # a caret or tuning advice (SET threads=...) that does not apply here.
-            raise SqlError(str(e).partition("\n")[0] or type(e).__name__, sql=sql) from e
-        finally:
-            with self._cond:  # so close() never interrupts a closed cursor (that raises)
-                cursor.close()  # drops the registered views with it
-                self._running.discard(cursor)
-                self._cond.notify_all()
+            registry.add(cursor)
+            return cursor
+
+    def _close_cursor(self, cursor: duckdb.DuckDBPyConnection, registry: set) -> None:
+        with self._cond:  # so close() never interrupts a closed cursor (that raises)
+            cursor.close()  # drops the registered views with it
+            registry.discard(cursor)
+            self._cond.notify_all()
+
+    def _relation(self, cursor: duckdb.DuckDBPyConnection, sql: str, tables: Mapping[str, pa.Table],
+                  params: Mapping[str, Any] | None) -> duckdb.DuckDBPyRelation:
+        statement = self._statement(cursor, sql)
+        for name, table in tables.items():
+            cursor.register(name, table)  # a view over memory: no external access needed
+        # sql() on the checked statement runs exactly what was checked, and its
+        # relation hands Arrow over without the copy a DB-API result makes.
+        return cursor.sql(statement, params=None if params is None else dict(params))
+
+    def _error(self, e: Exception, sql: str) -> RtindexError:
+        if self._con is None:  # close() interrupted us
+            return ClosedError("the SQL engine was closed while the query ran")
+        # DuckDB's first line says what is wrong; the rest is the text echoed with
+        # a caret or tuning advice (SET threads=...) that does not apply here.
+        return SqlError(str(e).partition("\n")[0] or type(e).__name__, sql=sql)
 
     def _statement(self, cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statement:
         with self._cond:
@@ -116,6 +194,8 @@ class DuckEngine:
             con, self._con = self._con, None
             if con is None:
                 return
+            for cursor in self._streams:  # their readers raise ClosedError from now on
+                cursor.interrupt()
             # DuckDB refuses to close a connection whose cursors are busy. An interrupt
             # that comes before a query starts is lost, hence again until all are out.
             while self._running:

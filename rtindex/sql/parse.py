@@ -23,6 +23,7 @@ from sqlglot.tokens import TokenType
 
 from rtindex.errors import SqlError, UnsupportedSqlError
 from rtindex.sql import predicates as P
+from rtindex.sql.syntax import syntax_error
 
 DIALECT = "duckdb"
 PLAN_CACHE_SIZE = 512
@@ -333,15 +334,9 @@ class _Parser:
     def parse(self) -> Query:
         try:
             trees = sqlglot.parse(self.text, read=DIALECT)
-        except sqlglot.errors.ParseError as e:
-            err = e.errors[0] if e.errors else {}
-            pos = None
-            if err.get("line"):
-                lines = self.text.split("\n")
-                pos = self.original(sum(len(x) + 1 for x in lines[: err["line"] - 1]) + max(err.get("col", 1) - 1, 0))
-            raise SqlError(f"syntax error: {err.get('description', str(e))}", self.sql, pos) from e
         except sqlglot.errors.SqlglotError as e:
-            raise SqlError(f"syntax error: {e}", self.sql) from e
+            raise syntax_error(self.sql, self.text, e, self.original,
+                               lambda word: "?" if word.startswith("$" + POSITIONAL) else word) from e
         trees = [t for t in trees if t is not None]
         if len(trees) != 1:
             raise SqlError(f"expected one statement, got {len(trees)}", self.sql)

@@ -1,0 +1,264 @@
+"""What ``Collection.ingest`` reads: documents from every input a data scientist has.
+
+Each input becomes an :class:`Input`: ``(position, document)`` pairs, read as they are
+needed (files and tables in bounded batches, never whole, except a JSON array file), plus
+what a progress bar needs. The position is what ``ItemError.index`` reports: the index in
+a list or a JSON array, the line number - 1 in NDJSON, the row number (0-based) in a
+DataFrame, an Arrow table or a Parquet file.
+
+- an iterable of dicts (a list, a generator): as it is;
+- ``bytes``, or a ``str`` that starts with ``[`` or ``{``: JSON array or NDJSON text;
+- a ``str`` or ``os.PathLike`` naming a file, by its extension (:data:`EXTENSIONS`), or an
+  open file (text or binary), by its content: NDJSON or a JSON array, also gzip-compressed,
+  or Parquet;
+- a pandas DataFrame (named index levels become fields, as ``reset_index()`` would make
+  them), a pyarrow Table, RecordBatch or RecordBatchReader, or anything else that exports
+  an Arrow stream (``__arrow_c_stream__``: polars, DuckDB relations).
+
+Tables are converted a column at a time (numbers and times by numpy), with the value rules
+of :func:`rtindex.documents.json_value`; a missing value in a cell (None, NaN, NaT, pd.NA)
+is null there, because that is what it means in a DataFrame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import itertools
+import math
+import os
+import stat
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sized
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rtindex.documents import array_values, json_value, parse_input, parse_lines
+
+# file name ending -> format; the JSON ones may also end in .gz
+EXTENSIONS = {".ndjson": "ndjson", ".jsonl": "ndjson", ".json": "json", ".parquet": "parquet"}
+_SUPPORTED = ".ndjson, .jsonl, .json (each also .gz) and .parquet"
+_GZIP_MAGIC = b"\x1f\x8b"
+_PARQUET_MAGIC = b"PAR1"
+
+
+@dataclass
+class Input:
+    """Documents to ingest and how to show progress through them."""
+
+    items: Iterator[tuple[int, Any]]  # (position, document, or SchemaError for a line that is not JSON)
+    total: int | None = None  # in ``unit``s, when known
+    unit: str = "docs"  # "docs": progress counts documents; "B": bytes of a file
+    tell: Callable[[], int] | None = None  # bytes of the file read so far (unit "B")
+    _close: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def __enter__(self) -> Input:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close.close()  # the files this module opened (never the caller's)
+
+
+def open_input(docs: Any, batch_size: int) -> Input:
+    """The :class:`Input` of anything ``Collection.ingest`` takes (see the module doc)."""
+    if isinstance(docs, (bytes, bytearray, memoryview)):
+        return Input(parse_input(bytes(docs)))
+    if isinstance(docs, str):
+        if docs.lstrip()[:1] in ("", "[", "{"):
+            return Input(parse_input(docs))
+        if os.path.isfile(docs):
+            return open_file(docs, batch_size)
+        raise ValueError(f"ingest() got a str that is neither JSON text (which starts with [ or {{) nor "
+                         f"the path of a file: {docs[:100]!r}")
+    if isinstance(docs, os.PathLike):
+        return open_file(docs, batch_size)
+    if isinstance(docs, dict):
+        raise TypeError("ingest() takes an iterable of documents; wrap a single document in a list")
+    if hasattr(docs, "read"):
+        return _open_stream(docs, batch_size)
+    # a DataFrame exists only if pandas was imported (maybe still being imported, in another thread)
+    dataframe = getattr(sys.modules.get("pandas"), "DataFrame", None)
+    if dataframe is not None and isinstance(docs, dataframe):
+        return Input(_dataframe_rows(docs, batch_size), total=len(docs))
+    if isinstance(docs, pa.Table):
+        return Input(_arrow_rows(docs.to_batches(max_chunksize=batch_size), batch_size), total=docs.num_rows)
+    if isinstance(docs, pa.RecordBatch):
+        return Input(_arrow_rows([docs], batch_size), total=docs.num_rows)
+    if isinstance(docs, pa.RecordBatchReader):
+        return Input(_arrow_rows(docs, batch_size))
+    if hasattr(type(docs), "__arrow_c_stream__"):
+        return Input(_arrow_rows(pa.RecordBatchReader.from_stream(docs), batch_size))
+    try:
+        it = iter(docs)
+    except TypeError:
+        raise TypeError(f"ingest() takes an iterable of dicts, JSON text, a file (path or open file), a "
+                        f"DataFrame or an Arrow table, not {type(docs).__name__}") from None
+    return Input(enumerate(it), total=len(docs) if isinstance(docs, Sized) else None)
+
+
+def open_file(path: str | os.PathLike, batch_size: int) -> Input:
+    """The :class:`Input` of a file, whose format its name says (:data:`EXTENSIONS`).
+
+    NDJSON is read a line at a time and Parquet a batch of rows at a time; a JSON array is
+    read whole. A ``.json`` file holds a JSON array, or NDJSON when its first non-blank
+    character is not ``[``. Progress counts bytes of the file (compressed ones for ``.gz``)
+    for JSON, and rows for Parquet (its footer says how many).
+    """
+    path = os.fspath(path)
+    name = os.path.basename(path).lower()
+    compressed = name.endswith(".gz")
+    stem = name[:-3] if compressed else name
+    fmt = next((f for ext, f in EXTENSIONS.items() if stem.endswith(ext)), None)
+    if fmt is None or (compressed and fmt == "parquet"):
+        raise ValueError(f"cannot tell the format of {path!r} from its name: rtindex reads files ending "
+                         f"in {_SUPPORTED} (or pass an open file to ingest(), whose content is looked at)")
+    size = os.path.getsize(path)  # FileNotFoundError naming the path, before anything is read
+    source = Input(iter(()))
+    if fmt == "parquet":
+        pf = source._close.enter_context(pq.ParquetFile(path))
+        source.items = _arrow_rows(pf.iter_batches(batch_size=batch_size), batch_size)
+        source.total = pf.metadata.num_rows
+        return source
+    raw = source._close.enter_context(open(path, "rb"))
+    stream = source._close.enter_context(gzip.GzipFile(fileobj=raw)) if compressed else raw
+    source.items = parse_lines(stream) if fmt == "ndjson" else _json_any(stream)
+    source.total, source.unit, source.tell = size, "B", raw.tell
+    return source
+
+
+def _open_stream(f: Any, batch_size: int) -> Input:
+    """An open file of the caller's (left open). A binary one is Parquet or gzip when it
+    starts with their magic bytes (seen with ``peek()`` or ``seek()``; a stream with neither
+    is taken as JSON), else JSON, as a text one is."""
+    source = Input(iter(()))
+    head = b"" if isinstance(f.read(0), str) else _peek(f, 4)
+    if head == _PARQUET_MAGIC:
+        pf = pq.ParquetFile(f)
+        source.items = _arrow_rows(pf.iter_batches(batch_size=batch_size), batch_size)
+        source.total = pf.metadata.num_rows
+        return source
+    gz = head[:2] == _GZIP_MAGIC
+    source.items = _json_any(source._close.enter_context(gzip.GzipFile(fileobj=f)) if gz else f)
+    try:  # progress by bytes, when it is a file on disk (not a pipe)
+        raw = getattr(f, "buffer", f)  # a text file's position is not known while it is iterated
+        st = os.fstat(f.fileno())
+        raw.tell()
+    except (AttributeError, OSError, ValueError):
+        return source
+    if stat.S_ISREG(st.st_mode):
+        source.total, source.unit, source.tell = st.st_size, "B", raw.tell
+    return source
+
+
+def _peek(f: Any, n: int) -> bytes:
+    peek = getattr(f, "peek", None)
+    if peek is not None:
+        return peek(n)[:n]
+    if getattr(f, "seekable", lambda: False)():
+        pos = f.tell()
+        head = f.read(n)
+        f.seek(pos)
+        return head
+    return b""
+
+
+def _json_any(stream: Any) -> Iterator[tuple[int, Any]]:
+    """A JSON array (read whole) or NDJSON (a line at a time): the first non-blank
+    character tells."""
+    head = []
+    for line in stream:
+        head.append(line)
+        if line.strip():
+            break
+    if head and head[-1].lstrip()[:1] in (b"[", "["):
+        yield from parse_input(head[-1][:0].join(head) + stream.read())
+    else:
+        yield from parse_lines(itertools.chain(head, stream))
+
+
+# -- tables ------------------------------------------------------------------------------
+def _dataframe_rows(df: Any, batch_size: int) -> Iterator[tuple[int, dict]]:
+    levels = [i for i, n in enumerate(df.index.names) if n is not None]
+    names = _field_names([df.index.names[i] for i in levels] + list(df.columns))
+    for start in range(0, len(df), batch_size):
+        part = df.iloc[start:start + batch_size]
+        cols = [part.index.get_level_values(i) for i in levels] + [part.iloc[:, j] for j in range(part.shape[1])]
+        values = [_pandas_values(c, name == "_event_time") for name, c in zip(names, cols)]
+        yield from _rows(names, values, len(part), start)
+
+
+def _arrow_rows(batches: Iterable[pa.RecordBatch], batch_size: int) -> Iterator[tuple[int, dict]]:
+    first = 0
+    for batch in batches:
+        names = _field_names(batch.schema.names)
+        for start in range(0, batch.num_rows, batch_size):
+            part = batch.slice(start, batch_size)
+            values = [_arrow_values(part.column(j), name == "_event_time") for j, name in enumerate(names)]
+            yield from _rows(names, values, part.num_rows, first)
+            first += part.num_rows
+
+
+def _field_names(labels: list) -> list[str]:
+    """Column labels as field names (a label that is not a string becomes its ``str()``);
+    ValueError for a name twice, which would silently keep one of the columns."""
+    names = [label if isinstance(label, str) else str(label) for label in labels]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"the table has more than one column named {', '.join(map(repr, twice))}: "
+                         f"rename them, a document has one field of a name")
+    return names
+
+
+def _rows(names: list[str], columns: list[list], n: int, first: int) -> Iterator[tuple[int, dict]]:
+    rows = zip(*columns) if columns else [()] * n
+    for i, row in enumerate(rows, first):
+        yield i, dict(zip(names, row))
+
+
+def _pandas_values(col: Any, event_time: bool) -> list:
+    """One column (a Series or an index level) as JSON values."""
+    dtype = col.dtype
+    if isinstance(dtype, np.dtype):
+        return _column_values(col.to_numpy(), event_time)
+    if dtype.kind == "M":  # with a time zone: its UTC instants
+        return _column_values(col.to_numpy(dtype="datetime64[us]"), event_time)
+    return [_cell(v) for v in col.to_numpy(dtype=object, na_value=None)]  # nullable ints, str, category, ...
+
+
+def _arrow_values(arr: pa.Array, event_time: bool) -> list:
+    """One column of a record batch as JSON values."""
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_floating(t):
+        return _column_values(arr.to_numpy(zero_copy_only=False), event_time)  # nulls: NaT, NaN
+    if (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_null(t)):
+        return arr.to_pylist()
+    return [_cell(v) for v in arr.to_pylist()]  # decimals, dates, nested values, ...
+
+
+def _column_values(arr: np.ndarray, event_time: bool) -> list:
+    kind = arr.dtype.kind
+    if kind == "M" and event_time:
+        # datetimes (None for NaT): an _event_time given as a time may be any time
+        return arr.astype("M8[us]").tolist()
+    if kind == "f":
+        out = arr.tolist()
+        for i in np.flatnonzero(np.isnan(arr)).tolist():
+            out[i] = None
+        return out
+    if kind == "O":
+        return [_cell(v) for v in arr.tolist()]
+    return array_values(arr)
+
+
+def _cell(v: Any) -> Any:
+    """A table cell's JSON value: a missing value (NaN included) is null."""
+    v = json_value(v)
+    return None if isinstance(v, float) and math.isnan(v) else v

@@ -1,0 +1,99 @@
+"""Feedback on long ingests: a progress bar where someone can see it, and Ctrl-C that lands
+between batches, so that an interrupted ingest knows exactly what it stored.
+
+The bar is tqdm's: widgets in a Jupyter kernel that has ipywidgets (``tqdm.auto``), text on
+stderr anywhere else. By default (``progress=None``) it is shown only when stderr is a
+terminal or the code runs in a notebook kernel, and only once the work has taken
+:data:`DELAY` seconds, so short calls and scripts whose output is piped stay quiet.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+DELAY = 1.5  # seconds before a bar appears when progress=None
+
+
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter (IPython) kernel."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def _someone_watches() -> bool:
+    stderr = sys.stderr
+    try:
+        return in_notebook() or (stderr is not None and stderr.isatty())
+    except (AttributeError, ValueError):  # a replaced or closed stderr
+        return False
+
+
+class Progress:
+    """A bar over documents (unit ``"docs"``, total: the input's length when known) or over
+    bytes of a file (unit ``"B"``, total: its size); after the bar, the other rate (MB/s of
+    JSON stored, or documents/s) and the count of failed documents."""
+
+    def __init__(self, setting: bool | None, total: int | None, unit: str, desc: str):
+        self.unit = unit
+        self.bar = None
+        self.docs = self.bytes = 0
+        self.t0 = time.perf_counter()
+        show = _someone_watches() if setting is None else bool(setting)
+        if not show:
+            return
+        if in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
+            from tqdm.auto import tqdm
+        else:  # without ipywidgets tqdm.auto would warn and draw text anyway
+            from tqdm.std import tqdm
+        self.bar = tqdm(total=total, desc=desc, unit=" docs" if unit == "docs" else unit, unit_scale=True,
+                        unit_divisor=1024 if unit == "B" else 1000, delay=DELAY if setting is None else 0)
+
+    def update(self, docs: int, nbytes: int, errors: int, position: int | None = None) -> None:
+        """After a batch: ``docs`` read, ``nbytes`` of JSON stored, ``errors`` so far,
+        ``position`` in the file (unit "B")."""
+        bar = self.bar
+        if bar is None:
+            return
+        self.docs += docs
+        self.bytes += nbytes
+        step = docs if self.unit == "docs" else (position or 0) - bar.n
+        if bar.total is not None and bar.n + step > bar.total:
+            bar.total = bar.n + step  # an input longer than it said: tqdm would warn
+        elapsed = max(time.perf_counter() - self.t0, 1e-9)
+        rate = (f"{self.bytes / elapsed / 1e6:.1f} MB/s" if self.unit == "docs"
+                else f"{self.docs:,} docs, {self.docs / elapsed:,.0f} docs/s")
+        bar.set_postfix_str(rate + (f", {errors:,} failed" if errors else ""), refresh=False)
+        bar.update(step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C back until the block is done, then raise KeyboardInterrupt.
+
+    A batch is then stored in every shard and counted, or not begun: never half-written
+    with the writer's bookkeeping cut short. Only the main thread gets signals; with a
+    SIGINT handler other than Python's own, nothing is changed.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt

@@ -1,0 +1,123 @@
+"""Syntax errors in the user's words: sqlglot's tokenize and parse errors -> SqlError.
+
+sqlglot says where its parser gave up, in its own terms ("Required keyword: 'expression'
+missing for <class '...Mul'>"), often a token or two after the mistake (``SELEC * FROM ev``
+fails at FROM: ``SELEC *`` parses as a multiplication). So the message is made here from
+the tokens: an unterminated string, quoted name or comment; an unbalanced parenthesis; a
+misspelled keyword (with the keyword it resembles); GROUP or ORDER without BY; a query that
+ends too early; else the token near which the text stopped making sense. Every message
+names what the user wrote and where (``SqlError.position``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Callable
+
+import sqlglot
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.tokens import Token, TokenType
+
+from rtindex.errors import SqlError
+
+KEYWORDS = ("SELECT", "FROM", "WHERE", "GROUP BY", "ORDER BY", "HAVING", "LIMIT", "OFFSET", "AND", "OR", "NOT",
+            "BETWEEN", "LIKE", "IN", "IS", "NULL", "AS", "DISTINCT", "CASE", "WHEN", "THEN", "ELSE", "END", "CAST",
+            "ASC", "DESC", "UNNEST", "EXCEPT", "GROUP", "ORDER", "BY", "TRUE", "FALSE")
+# how close a word must be to a keyword to be taken for a misspelling of it (difflib's ratio:
+# FORM/FROM 0.75, WHRE/WHERE 0.89, SELEC/SELECT 0.91)
+CUTOFF = 0.75
+# tokens a query can end with (any other last token asks for more: WHERE, AND, =, ...)
+_VALUES = {TokenType.NUMBER, TokenType.STRING, TokenType.VAR, TokenType.IDENTIFIER, TokenType.R_PAREN,
+           TokenType.STAR, TokenType.PLACEHOLDER, TokenType.PARAMETER, TokenType.NULL, TokenType.TRUE,
+           TokenType.FALSE}
+# sqlglot's tokenizer: "Missing ' from 1:27" (the delimiter it wanted, line:offset of the opening)
+_MISSING = re.compile(r"^Missing (\S+) from \d+:(\d+)$")
+
+
+def syntax_error(sql: str, text: str, error: sqlglot.errors.SqlglotError,
+                 original: Callable[[int], int], shown: Callable[[str], str]) -> SqlError:
+    """The SqlError for sqlglot's ``error`` on ``text`` (``sql`` with parameters renamed:
+    ``original`` maps a position in it back to ``sql``, ``shown`` a token to how the user
+    wrote it)."""
+    if isinstance(error, sqlglot.errors.TokenError):
+        what, pos, closer = _unreadable(text, error)
+        if pos is None:
+            return SqlError(f"syntax error: {what}", sql)
+        err = SqlError(f"syntax error: {what} starting at {_line_column(text, pos)} (close it with {closer})", sql)
+        err.position = original(pos)  # set here: the message says where already
+        return err
+    if isinstance(error, sqlglot.errors.ParseError):
+        message, pos = _unparsable(text, error, shown)
+        return SqlError(message, sql, original(pos) if pos is not None else None)
+    return SqlError("syntax error: this is not a SELECT rtindex can read", sql)
+
+
+def _line_column(text: str, pos: int) -> str:
+    return f"line {text.count(chr(10), 0, pos) + 1}, column {pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+
+
+def _unreadable(text: str, error: sqlglot.errors.TokenError) -> tuple[str, int | None, str]:
+    """What the tokenizer could not read, where it starts and what would close it."""
+    cause: BaseException | None = error
+    while cause is not None:
+        m = _MISSING.match(str(cause))
+        if m:
+            return ("unterminated quoted name" if m.group(1) == '"' else "unterminated string"), int(m.group(2)), m.group(1)
+        cause = cause.__cause__
+    start = text.find("/*")
+    if start >= 0 and text.find("*/", start + 2) < 0:
+        return "unterminated comment", start, "*/"
+    return "cannot split the text into SQL words", None, ""
+
+
+def _unparsable(text: str, error: sqlglot.errors.ParseError,
+                shown: Callable[[str], str]) -> tuple[str, int | None]:
+    """A message for the parser's error, and the position it is about."""
+    tokens = Dialect.get_or_raise("duckdb").tokenize(text)
+    info = error.errors[0] if error.errors else {}
+    if not tokens:
+        return "syntax error: the text has no SQL in it", None
+    at = next((i for i, t in enumerate(tokens) if (t.line, t.col) == (info.get("line"), info.get("col"))),
+              len(tokens) - 1)
+    paren = _unbalanced(tokens)
+    if paren is not None:
+        return paren
+    for i, t in enumerate(tokens):  # GROUP or ORDER without BY
+        if t.token_type == TokenType.VAR and t.text.upper() in ("GROUP", "ORDER") and (
+                i + 1 == len(tokens) or tokens[i + 1].text.upper() != "BY"):
+            return f"syntax error near '{t.text}': did you mean {t.text.upper()} BY?", t.start
+    for t in dict.fromkeys([tokens[0], tokens[at - 1] if at else tokens[0], tokens[at]]):
+        hint = _keyword_like(t)
+        if hint is not None:
+            return f"syntax error near '{shown(t.text)}': did you mean {hint}?", t.start
+    t = tokens[at]
+    if at == len(tokens) - 1 and t.token_type not in _VALUES:  # e.g. "... WHERE", "... AND"
+        return f"syntax error: the query ends too early, after '{shown(t.text)}'", t.start
+    expected = re.match(r"^Expecting (\S+)$", str(info.get("description", "")))
+    return (f"syntax error near '{shown(t.text)}'" + (f": expected {expected.group(1)}" if expected else ""),
+            t.start)
+
+
+def _unbalanced(tokens: list[Token]) -> tuple[str, int] | None:
+    """The parenthesis that is never closed, or the one that closes nothing."""
+    opened: list[Token] = []
+    for t in tokens:
+        if t.token_type == TokenType.L_PAREN:
+            opened.append(t)
+        elif t.token_type == TokenType.R_PAREN:
+            if not opened:
+                return "syntax error: unbalanced parenthesis: this ')' closes nothing", t.start
+            opened.pop()
+    if opened:
+        return "syntax error: unbalanced parenthesis: this '(' is never closed", opened[-1].start
+    return None
+
+
+def _keyword_like(t: Token) -> str | None:
+    """The keyword an unquoted word that is not one resembles (a misspelling), else None."""
+    word = t.text.upper()
+    if t.token_type != TokenType.VAR or word in KEYWORDS or len(word) < 2:
+        return None
+    close = difflib.get_close_matches(word, KEYWORDS, n=1, cutoff=CUTOFF)
+    return close[0] if close else None
