@@ -195,12 +195,6 @@ def _collections(args) -> int:
 ERRORS_SHOWN = 5  # per file; IngestStats.errors has them all
 
 
-def _lock_held(e: rtindex.StorageError) -> bool:
-    """Whether opening for writing failed because another process writes (database.py's
-    _WriterLock says so in its message; RocksDB's own lock error would name a LOCK file)."""
-    return "open for writing in another process" in str(e)
-
-
 def _where(path: str, index: int) -> str:
     """Where a failed document was in its file, as a person finds it there."""
     name = path.lower().removesuffix(".gz")
@@ -237,9 +231,7 @@ def _import(args) -> int:
         raise UsageError(f"no file {', '.join(missing)}: nothing imported")
     try:
         db = rtindex.open(args.dir)
-    except rtindex.StorageError as e:
-        if not _lock_held(e):
-            raise
+    except rtindex.LockedError as e:
         raise UsageError(f"{e}. If that is a running rtindex serve, post the files to it instead "
                          f"(POST /v1/collections/{args.collection}/docs, docs/service.md), or stop it "
                          "and import again") from None

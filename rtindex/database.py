@@ -34,6 +34,7 @@ from rtindex.errors import (
     AlreadyExistsError,
     ClosedError,
     CorruptionError,
+    LockedError,
     NotADatabaseError,
     NotFoundError,
     ReadOnlyError,
@@ -229,8 +230,8 @@ class _WriterLock:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StorageError(f"cannot lock {self.path}: {e}") from e
             here = "; that is this process: close the other Database first" if holder == str(os.getpid()) else ""
-            raise StorageError(f"database {db_path} is open for writing in another process or handle "
-                               f"(pid {holder}{here}); one writer at a time") from None
+            raise LockedError(f"database {db_path} is open for writing in another process or handle "
+                              f"(pid {holder}{here}); one writer at a time", int(holder) if holder.isdigit() else None) from None
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

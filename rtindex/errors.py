@@ -15,6 +15,15 @@ class StorageError(RtindexError):
     """RocksDB failed underneath us (I/O error, lock held by another process, ...)."""
 
 
+class LockedError(StorageError):
+    """Another process (or another Database in this one) is the database's writer: one writer
+    at a time. ``pid`` is the holder's, when known. Read beside it with ``role="reader"``."""
+
+    def __init__(self, message: str, pid: int | None = None):
+        super().__init__(message)
+        self.pid = pid
+
+
 class CorruptionError(StorageError):
     """On-disk data does not decode: a bug or a damaged disk; restore from a backup."""
 

@@ -34,11 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rtindex.documents import array_values, json_value, parse_input, parse_lines
+from rtindex.errors import SchemaError
 
+_BOM = "\ufeff".encode()
 # file name ending -> format; the JSON ones may also end in .gz
 EXTENSIONS = {".ndjson": "ndjson", ".jsonl": "ndjson", ".json": "json", ".parquet": "parquet"}
 _SUPPORTED = ".ndjson, .jsonl, .json (each also .gz) and .parquet"
@@ -125,7 +128,7 @@ def open_file(path: str | os.PathLike, batch_size: int) -> Input:
         return source
     raw = source._close.enter_context(open(path, "rb"))
     stream = source._close.enter_context(gzip.GzipFile(fileobj=raw)) if compressed else raw
-    source.items = parse_lines(stream) if fmt == "ndjson" else _json_any(stream)
+    source.items = parse_lines(_without_bom(stream)) if fmt == "ndjson" else _json_any(stream)
     source.total, source.unit, source.tell = size, "B", raw.tell
     return source
 
@@ -167,17 +170,44 @@ def _peek(f: Any, n: int) -> bytes:
 
 
 def _json_any(stream: Any) -> Iterator[tuple[int, Any]]:
-    """A JSON array (read whole) or NDJSON (a line at a time): the first non-blank
-    character tells."""
+    """A JSON array (read whole), NDJSON (a line at a time), or one pretty-printed object
+    (a first line that opens an object and is not one by itself): the first non-blank line
+    tells."""
     head = []
+    stream = _without_bom(stream)
     for line in stream:
         head.append(line)
         if line.strip():
             break
-    if head and head[-1].lstrip()[:1] in (b"[", "["):
-        yield from parse_input(head[-1][:0].join(head) + stream.read())
-    else:
-        yield from parse_lines(itertools.chain(head, stream))
+    first = head[-1].lstrip()[:1] if head else ""
+    if first in (b"[", "["):
+        yield from parse_input(head[-1][:0].join(itertools.chain(head, stream)))
+        return
+    if first in (b"{", "{") and not _is_json(head[-1]):
+        text = head[-1][:0].join(itertools.chain(head, stream))
+        try:
+            yield 0, orjson.loads(text)
+        except orjson.JSONDecodeError as e:  # orjson's message says the line and column
+            yield 0, SchemaError(f"invalid JSON (one object over several lines): {e}")
+        return
+    yield from parse_lines(itertools.chain(head, stream))
+
+
+def _without_bom(lines: Iterable[bytes | str]) -> Iterator[bytes | str]:
+    """The lines, without the UTF-8 byte order mark some editors write first."""
+    lines = iter(lines)
+    for first in lines:
+        yield first.removeprefix(_BOM if isinstance(first, bytes) else _BOM.decode())
+        break
+    yield from lines
+
+
+def _is_json(line: bytes | str) -> bool:
+    try:
+        orjson.loads(line)
+        return True
+    except orjson.JSONDecodeError:
+        return False
 
 
 # -- tables ------------------------------------------------------------------------------

@@ -26,9 +26,7 @@ import rtindex
 
 from .auth import KeyStore
 from .config import ServerConfig
-
-DEMO_COLLECTION = "demo_events"
-DEMO_EVENTS = 20_000
+from .worker import DEMO_COLLECTION
 START_TIMEOUT = 120.0  # an ingest process may replay a large WAL before it listens
 RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
 
@@ -53,14 +51,12 @@ class Supervisor:
 
     # ------------------------------------------------------------ starting
     def prepare(self) -> str | None:
-        """Make the database if needed, load the demo, make the first admin key (returned)."""
+        """Make the database if needed and the first admin key (returned). The demo data is
+        loaded by the ingest process, not here: the supervisor lives as long as the service,
+        and would keep the memory of loading it (about 170 MB) for nothing."""
         cfg = self.config
-        with rtindex.open(cfg.data) as db:  # creates it, or checks it is one
-            if cfg.demo and DEMO_COLLECTION not in db:
-                from rtindex import datagen
-
-                self.say(f"loading {DEMO_EVENTS:,} demo events into collection {DEMO_COLLECTION!r} ...")
-                db.create_collection(DEMO_COLLECTION, shards=2).ingest(datagen.rockbench_events(DEMO_EVENTS, seed=1))
+        with rtindex.open(cfg.data):  # creates it, or checks it is one
+            pass
         return KeyStore(cfg.data).ensure_admin() if cfg.auth else None
 
     def _env(self) -> dict:

@@ -46,6 +46,22 @@ def tune_runtime(role: str) -> None:
         sys.setswitchinterval(0.001)
 
 
+DEMO_COLLECTION = "demo_events"
+DEMO_EVENTS = 20_000
+
+
+def load_demo(db) -> None:
+    """``rtindex serve --demo``: RockBench-style events in ``demo_events`` when it is missing
+    (the supervisor waits for the ingest process to listen, so queries find them)."""
+    if DEMO_COLLECTION in db:
+        return
+    from rtindex import datagen
+
+    print(f"loading {DEMO_EVENTS:,} demo events into collection {DEMO_COLLECTION!r} ...", flush=True)
+    db.create_collection(DEMO_COLLECTION, shards=2).ingest(datagen.rockbench_events(DEMO_EVENTS, seed=1),
+                                                           progress=False)
+
+
 def main(role: str) -> int:
     from .config import ServerConfig
 
@@ -63,6 +79,8 @@ def main(role: str) -> int:
 
         db = rtindex.open(config.data, max_document_bytes=config.limits.max_document_bytes,
                           max_depth=config.limits.max_depth)
+        if config.demo:
+            load_demo(db)
         app = ingest_app.build_app(db, config)
         server = uvicorn.Server(uvicorn.Config(app, uds=config.ingest_socket, **common))
         sockets = None

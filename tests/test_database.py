@@ -211,8 +211,8 @@ TRY_OPEN = textwrap.dedent("""
     import sys, rtindex
     try:
         rtindex.open(sys.argv[1]).close()
-    except rtindex.StorageError as e:
-        print("StorageError:", e)
+    except rtindex.LockedError as e:
+        print("LockedError:", e.pid, e)
     else:
         print("opened")
 """)
@@ -228,7 +228,7 @@ def test_a_second_writer_process_is_refused_even_for_an_empty_database(tmp_path)
     path = str(tmp_path / "db")
     with rtindex.open(path):  # no collections: no RocksDB lock anywhere
         out = run_python(TRY_OPEN, path)
-        assert out.startswith("StorageError:"), out
+        assert out.startswith(f"LockedError: {os.getpid()} "), out
         assert f"database {path} is open for writing in another process" in out
         assert f"pid {os.getpid()}" in out
     assert run_python(TRY_OPEN, path) == "opened\n"  # released by close()

@@ -6,7 +6,7 @@ import rtindex
 def test_public_names_are_pinned():
     assert sorted(rtindex.__all__) == [
         "AccessDeniedError", "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "FenceError", "IngestError", "IngestStats",
-        "IngestWarning", "ItemError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "ReadOnlyError", "Result", "ResultTooLargeError", "RtindexError", "SchemaError",
+        "IngestWarning", "ItemError", "LockedError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "ReadOnlyError", "Result", "ResultTooLargeError", "RtindexError", "SchemaError",
         "Snapshot", "SqlError", "StorageError", "UnsupportedSqlError", "connect", "open",
     ]
     for name in rtindex.__all__:

@@ -548,3 +548,22 @@ def test_a_client_takes_the_same_inputs_and_errors(tmp_path):
             assert c.ingest([{"_id": 2.5}], errors="report").errors[0].path == "$._id"
     finally:
         assert served.stop() == 0, "".join(served.output)
+
+
+def test_a_pretty_printed_object_and_a_byte_order_mark(db, tmp_path):
+    """What editors and `json.dump(doc, f, indent=2)` write: one object over several lines,
+    and a UTF-8 byte order mark first; a broken one is one error, not one per line."""
+    c = db.create_collection("pretty", shards=1)
+    (tmp_path / "one.json").write_text(json.dumps({"_id": 1, "a": {"b": [1, 2]}}, indent=2))
+    assert c.ingest_file(tmp_path / "one.json").n == 1
+    assert stored(c, 1) == {"_id": 1, "a": {"b": [1, 2]}}
+    bom = "\ufeff".encode()
+    (tmp_path / "bom.ndjson").write_bytes(bom + b'{"_id": 2}\n{"_id": 3}\n')
+    (tmp_path / "bom.json").write_bytes(bom + b'[{"_id": 4}]')
+    assert c.ingest_file(tmp_path / "bom.ndjson").n == 2
+    assert c.ingest_file(tmp_path / "bom.json").n == 1
+    assert c.ingest(io.StringIO('\ufeff{"_id": 5}\n')).n == 1
+    (tmp_path / "bad.json").write_text('{\n  "_id": 6,\n  "a": \n}\n')
+    stats = c.ingest_file(tmp_path / "bad.json", errors="report")
+    assert stats.n == 0 and len(stats.errors) == 1
+    assert "one object over several lines" in stats.errors[0].message and "line 4" in stats.errors[0].message

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import re
 import signal
 import socket
 import time
@@ -379,3 +380,31 @@ def test_no_auth_only_on_loopback():
         ServerConfig(data="x", host="0.0.0.0", auth=False).check()
     ServerConfig(data="x", host="127.0.0.1", auth=False).check()
     ServerConfig(data="x", host="::1", auth=False).check()
+
+
+def test_demo_is_loaded_by_the_ingest_process_and_answers_the_banners_query(tmp_path):
+    """`rtindex serve --demo` (the README's first command): the demo collection is there when
+    the banner shows, its query answers, and the supervisor did not load the data itself
+    (it lives as long as the service and would keep that memory)."""
+    import psutil
+
+    s = Served(str(tmp_path / "db"), "--demo")
+    try:
+        out = "".join(s.output)
+        assert "loading 20,000 demo events" in out
+        with s.client() as c:
+            r = c.post("/v1/query", json={"sql": "SELECT COUNT(*) AS n FROM demo_events"})
+            assert r.status_code == 200 and r.json()["rows"] == [{"n": 20_000}]
+            banner_sql = re.search(r'"sql": "([^"]+)"', out).group(1)
+            r = c.post("/v1/query", json={"sql": banner_sql})
+            assert r.status_code == 200 and len(r.json()["rows"]) == 3
+        supervisor = psutil.Process(s.proc.pid).memory_info().rss
+        ingest = psutil.Process(s.children()["ingest"][0]).memory_info().rss
+        assert supervisor < ingest, (supervisor, ingest)
+    finally:
+        assert s.stop() == 0
+    restarted = Served(str(tmp_path / "db"), "--demo")  # loaded once: a restart keeps it
+    try:
+        assert "loading" not in "".join(restarted.output)
+    finally:
+        restarted.stop()
