@@ -22,7 +22,7 @@ from rtindex.errors import (
 from rtindex.fence import Fence
 from rtindex.inputs import Input, open_file, open_input
 from rtindex.patch import apply_patch
-from rtindex.progress import Progress, deferred_interrupt
+from rtindex.progress import CtrlC, Progress
 from rtindex.runtime import Runtime
 from rtindex.shard import Shard
 from rtindex.snapshot import Snapshot
@@ -198,15 +198,15 @@ class Collection:
         written: dict[bytes, tuple[Any, int]] = {}  # id key -> (_id, size of the last stored version)
         bar = Progress(progress, source.total, source.unit, self.name)
         try:
-            with source:
+            with source, CtrlC() as ctrl_c:
                 chunk: list = []
                 for item in source.items:
                     chunk.append(item)
                     if len(chunk) >= batch_size:
-                        self._store(chunk, limits, n_shards, stats, written, bar, source)
+                        self._store(chunk, limits, n_shards, stats, written, bar, source, ctrl_c)
                         chunk = []
                 if chunk:
-                    self._store(chunk, limits, n_shards, stats, written, bar, source)
+                    self._store(chunk, limits, n_shards, stats, written, bar, source, ctrl_c)
         except KeyboardInterrupt as e:
             e.add_note(f"rtindex: ingest into collection {self.name!r} was interrupted; the {len(written)} "
                        f"documents it had stored stay stored ({len(stats.errors)} failed)")
@@ -224,9 +224,9 @@ class Collection:
         return stats
 
     def _store(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats,
-               written: dict[bytes, tuple[Any, int]], bar: Progress, source: Input) -> None:
-        """One chunk, which Ctrl-C does not cut short (see deferred_interrupt); then the bar."""
-        with deferred_interrupt():
+               written: dict[bytes, tuple[Any, int]], bar: Progress, source: Input, ctrl_c: CtrlC) -> None:
+        """One chunk, which Ctrl-C does not cut short (see CtrlC); then the bar."""
+        with ctrl_c.batch():
             nbytes = self._ingest_chunk(chunk, limits, n_shards, stats, written)
         bar.update(len(chunk), nbytes, len(stats.errors), source.tell() if source.tell else None)
 

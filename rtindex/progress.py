@@ -77,23 +77,46 @@ class Progress:
             self.bar.close()
 
 
-@contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C back until the block is done, then raise KeyboardInterrupt.
+class CtrlC:
+    """Ctrl-C during an ingest (``with CtrlC() as ctrl_c:``): raised at once between
+    batches, held back while a batch is written (``with ctrl_c.batch():``) and raised when
+    it is done. A batch is then stored in every shard and counted, or not begun: never
+    half-written with the writer's bookkeeping cut short.
 
-    A batch is then stored in every shard and counted, or not begun: never half-written
-    with the writer's bookkeeping cut short. Only the main thread gets signals; with a
-    SIGINT handler other than Python's own, nothing is changed.
+    A KeyboardInterrupt raised by a signal handler can land in a finalizer (a ``__del__``
+    that the GC ran), where Python prints it and drops it; an endless input would then go
+    on forever. So a press is also remembered, and the end of the next batch raises it.
+    Only the main thread gets signals; with a SIGINT handler other than Python's own,
+    nothing is changed.
     """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    caught: list = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if caught:
-        raise KeyboardInterrupt
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._writing = False
+        self._installed = False
+
+    def __enter__(self) -> "CtrlC":
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.pressed = True
+        if not self._writing:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        self._writing = True
+        try:
+            yield
+        finally:
+            self._writing = False
+        if self.pressed:
+            raise KeyboardInterrupt

@@ -567,3 +567,30 @@ def test_a_pretty_printed_object_and_a_byte_order_mark(db, tmp_path):
     stats = c.ingest_file(tmp_path / "bad.json", errors="report")
     assert stats.n == 0 and len(stats.errors) == 1
     assert "one object over several lines" in stats.errors[0].message and "line 4" in stats.errors[0].message
+
+
+def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_ingest(tmp_path):
+    """A KeyboardInterrupt raised where the GC runs a __del__ is printed and dropped by
+    Python; an endless input then went on forever (seen once under load). The press is
+    remembered, and the end of the next batch raises it."""
+    script = textwrap.dedent("""
+        import os, signal, sys, rtindex
+        sys.unraisablehook = lambda u: print("dropped:", type(u.exc_value).__name__, flush=True)
+        class Finalizer:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGINT)  # the handler's KeyboardInterrupt lands in here
+        def docs():
+            for i in range(10_000):
+                if i == 1500:
+                    Finalizer()  # freed at once: its __del__ runs inside this generator
+                yield {"_id": i}
+        with rtindex.open(sys.argv[1]) as db:
+            c = db.create_collection("c", shards=1)
+            try:
+                c.ingest(docs(), batch_size=1000, progress=False)
+            except KeyboardInterrupt:
+                print("interrupted", len(c))
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "db")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.splitlines() == ["dropped: KeyboardInterrupt", "interrupted 2000"], out
