@@ -392,10 +392,12 @@ class RemoteDatabase:
         if resp.headers.get("content-type", "").startswith(ARROW_STREAM):
             table = pa.ipc.open_stream(resp.content).read_all()
             stats = orjson.loads(resp.headers.get("x-rtindex-stats", "{}"))
+            warnings = stats.pop("warnings", [])
             res = Result(table.column_names, table=table, access=stats.get("access_path") or "index")
         else:
             body = orjson.loads(resp.content)
             stats = body.get("stats") or {}
+            warnings = body.get("warnings", [])
             rows = body["rows"]
             if q is not None and q.plain:  # _event_time is a datetime in rows(); JSON made it text
                 for name in [n for n, path in q.plain if tuple(path) == EVENT_TIME]:
@@ -407,6 +409,7 @@ class RemoteDatabase:
                          access=stats.get("access_path") or "index")
         res.seconds = (stats.get("elapsed_ms") or 0.0) / 1000.0
         res.stats = stats
+        res.warnings = warnings
         return res
 
 

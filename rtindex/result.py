@@ -29,6 +29,10 @@ class Result:
     Documents (``SELECT *``) come back as stored; as Arrow, their top-level fields become
     columns, typed as docs/sql.md describes.
 
+    ``warnings`` (a list of str, usually empty) says when a valid query almost surely does
+    not ask what was meant: a field that no document of the collection has (with the
+    nearest one it has: ``LANG`` when only ``lang`` exists), a WHERE on an output alias.
+
     A result larger than the database's ``max_result_bytes`` is not built: ``Database.sql``
     returns it unread, ``rows()``, ``arrow()``, ``df()`` and iteration raise
     ResultTooLargeError, and ``arrow_reader()`` reads it in batches.
@@ -47,6 +51,7 @@ class Result:
         self.plan: Plan | None = None
         self.seconds = 0.0
         self.timings: dict[str, float] = {}
+        self.warnings: list[str] = []
 
     def _check_budget(self) -> None:
         if self._refused is not None:

@@ -217,6 +217,14 @@ class Shard:
         with self._reading(view):
             return {tag for tag in columns.ARROW_TYPES if b.column_size(path_key + bytes((tag,)), view.limit)}
 
+    def column_keys(self, view: View) -> list[bytes]:
+        """Every column key (path + type tag) ``view`` has values or markers of: which fields
+        its rows may hold (deleted rows count)."""
+        if isinstance(view.seg, Segment):
+            return list(view.seg.column_keys)
+        with self._reading(view):
+            return view.seg.builder.column_keys()
+
     def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
         """(offsets, one array per column key) of the visible rows of ``view``."""
         if isinstance(view.seg, Segment):

@@ -256,6 +256,16 @@ class Snapshot:
         tags = set().union(*(self._shards[i].column_tags(v, path_key) for i, v in self._views()))
         return [keys.TAG_NAMES[t] for t in sorted(tags)]
 
+    def field_paths(self) -> set[tuple[str, ...]]:
+        """Every field path some row may hold (with each object on the way to one): what
+        the SQL layer's warnings compare a query's fields with (deleted rows count)."""
+        paths = set()
+        for i, v in self._views():
+            for ck in self._shards[i].column_keys(v):
+                path = keys.decode_path(ck[:-1])
+                paths.update(path[:n] for n in range(1, len(path) + 1))
+        return paths
+
     def scan(self, specs: Sequence[tuple[Path, str]]) -> pa.Table:
         """Columns of every visible row: ``specs`` lists (path, type name) pairs.
 

@@ -123,10 +123,14 @@ class QueryService:
                  "rows_matched": res.plan.matched_rows if res.plan is not None else None,
                  "access_path": res.access, "rows": n}
         metrics.STALENESS.observe(staleness_ms / 1000.0)
+        if res.warnings:  # Result.warnings: a query that runs but almost surely is not what was meant
+            stats["warnings"] = res.warnings
         if arrow:
             return 200, ARROW_STREAM.encode(), body, [(b"x-rtindex-stats", orjson.dumps(stats))], None
         key = b'"results"' if rockset else b'"rows"'
-        return 200, b"application/json", b"{" + key + b":" + body + b',"stats":' + orjson.dumps(stats) + b"}", [], None
+        warnings = b',"warnings":' + orjson.dumps(stats.pop("warnings")) if res.warnings else b""
+        return (200, b"application/json",
+                b"{" + key + b":" + body + b',"stats":' + orjson.dumps(stats) + warnings + b"}", [], None)
 
     async def _wait_fence(self, fence: str, deadline: float, timeout_ms: int) -> None:
         try:

@@ -32,10 +32,12 @@ from rtindex.errors import NotFoundError, ResultTooLargeError, SqlError
 from rtindex.result import Result
 from rtindex.rowcache import DECODED_BYTES_PER_JSON_BYTE, copy_json
 from rtindex.segments import OverBudget
-from rtindex.sql import frames
+from rtindex.sql import frames, messages
 from rtindex.sql import predicates as P
 from rtindex.sql.execute import DuckEngine, OutputTooLarge
+from rtindex.sql.multi import MultiExecution, access_of, reference_lines
 from rtindex.sql.parse import PlanCache, Query
+from rtindex.sql.sources import MultiQuery
 
 if TYPE_CHECKING:
     from rtindex.snapshot import Snapshot
@@ -50,6 +52,9 @@ SCAN_OVERHEAD = 400.0
 ACCESS = ("index", "scan")
 # rows of an index-path result measured to estimate its size before it is fetched in full
 SAMPLE_ROWS = 16
+# up to this many matched rows, the kinds of values a mixed field holds in them are read from
+# the rows (fetched anyway); past it from posting lists, which hold no rows in memory
+MIXING_FROM_ROWS = 4096
 
 
 @dataclass
@@ -65,14 +70,28 @@ class Plan:
     index_cost_us: float | None = None
     scan_cost_us: float | None = None
     duckdb_sql: str | None = None
+    residual: str | None = None  # the part of WHERE the index does not answer: DuckDB evaluates it
+    # a query over collection references: the plan of each collection it reads, and lines
+    # on its references (index part, residual, estimated rows)
+    sources: list[Plan] = field(default_factory=list)
+    references: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
+        if self.sources:
+            lines = [f"query over {len(self.sources)} collection(s): {self.access} ({self.reason})"]
+            for src in self.sources:
+                lines.extend(str(src).splitlines()[:-1])  # its own DuckDB line is not run
+                lines.extend(src.references)
+            lines.append(f"  DuckDB: {self.duckdb_sql}")
+            return "\n".join(lines)
         lines = [f"collection {self.collection}: {self.access} path ({self.reason})",
                  f"  rows in collection: {self.total_rows}"]
         if self.matched_rows is not None:
             lines.append(f"  rows matched by the index: {self.matched_rows}")
         for text, n in self.predicates:
             lines.append(f"  predicate {text}: {'over the term budget' if n is None else f'{n} rows'}")
+        if self.residual is not None:
+            lines.append(f"  residual (DuckDB): {self.residual}")
         if self.index_cost_us is not None:
             lines.append(f"  estimated cost, index path: {self.index_cost_us:,.0f} us")
         if self.scan_cost_us is not None:
@@ -107,17 +126,38 @@ class SqlEngine:
     def sql(self, text: str, params: Any = None, access: str | None = None) -> Result:
         t0 = time.perf_counter()
         q = self._plans.get(text)
+        if isinstance(q, MultiQuery):
+            return self._sql_multi(q, params, access, t0)
         run = _Execution(self, q, params, access)
         plan = run.choose()
         run.timings["plan"] = time.perf_counter() - t0
         res = run.run(plan)
         res.plan = plan
+        res.warnings = run.warnings()
+        res.timings = run.timings
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def _sql_multi(self, q: MultiQuery, params: Any, access: str | None, t0: float) -> Result:
+        """A query over collection references (rtindex/sql/multi.py)."""
+        run = MultiExecution(self, q, params, access)
+        plans = run.plans()
+        run.timings["plan"] = time.perf_counter() - t0
+        res = run.run(plans)
+        res.plan = _multi_plan(q, plans)
+        res.warnings = [w for source_run in run.runs for w in source_run.warnings()]
         res.timings = run.timings
         res.seconds = time.perf_counter() - t0
         return res
 
     def explain(self, text: str, params: Any = None, access: str | None = None) -> Plan:
         q = self._plans.get(text)
+        if isinstance(q, MultiQuery):
+            run = MultiExecution(self, q, params, access)
+            plans = run.plans(explain=True)
+            for src, source_run, plan in zip(q.sources, run.runs, plans):
+                plan.references = reference_lines(source_run, plan, src.references)
+            return _multi_plan(q, plans)
         run = _Execution(self, q, params, access)
         plan = run.choose(explain=True)
         if plan.access == "scan" or q.plain is None:
@@ -149,6 +189,7 @@ class _Execution:
         self.rows = None  # Postings of the index path, once computed
         self.timings: dict[str, float] = {}  # seconds per stage: plan, fetch or scan, duckdb
         self.types: dict[tuple[str, ...], list[int]] = {}
+        self._mixing: dict[tuple[str, ...], str | None] | None = None  # of a plain projection's fields
 
     # -- parameters -----------------------------------------------------------------
     def bind(self, operand: P.Operand) -> Any:
@@ -197,7 +238,7 @@ class _Execution:
     def choose(self, explain: bool = False) -> Plan:
         q = self.q
         total = self.snap.count()
-        plan = Plan(q.collection, "index", "", total, None)
+        plan = Plan(q.collection, "index", "", total, None, residual=q.residual)
         ncols = max(1, len(set(q.fields) | {leaf.path for leaf in self.leaves}))
         blocker = self.scan_blocker()
         access = None
@@ -306,9 +347,10 @@ class _Execution:
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
             frame = self.frame(self.snap.fetch(self.rows, copy=False))
-            return self.engine.duck().stream(text, {"frame": frame}, params, batch_rows)
+            return self.engine.duck().stream(text, {"frame": frame}, params, batch_rows, query=self.names())
         try:
-            out = self.engine.duck().run(text, {"frame": frame}, params, None if q.star else budget)
+            out = self.engine.duck().run(text, {"frame": frame}, params, None if q.star else budget,
+                                         query=self.names())
         except OutputTooLarge as e:
             return self.refused(e.columns, e.rows, e.nbytes, False, stream)
         finally:
@@ -327,7 +369,8 @@ class _Execution:
         over the fields they use, so the matched documents stay in memory (as the row cache's
         shared objects) while the batches are read."""
         docs = self.snap.fetch(self.rows, copy=False)
-        out = self.engine.duck().run(self.duck_text(self.plan), {"frame": self.frame(docs)}, self.duck_params())
+        out = self.engine.duck().run(self.duck_text(self.plan), {"frame": self.frame(docs)}, self.duck_params(),
+                                     query=self.names())
 
         def chunks() -> Iterator[list[dict]]:
             for batch in out.to_batches(batch_rows):
@@ -335,17 +378,43 @@ class _Execution:
         return frames.rows_reader(chunks)
 
     def plain_rows(self, docs: list[dict]) -> list[dict]:
-        """Output rows of a query the index path answers without DuckDB (``q.plain``)."""
+        """Output rows of a query the index path answers without DuckDB (``q.plain``), each
+        field typed by the kinds of values it holds in the rows WHERE selects (frames.mixing)."""
         q = self.q
         if q.star:
             return [{k: v for k, v in d.items() if k not in q.star_except} for d in docs] if q.star_except else docs
-        return [{name: frames.output_value(path, frames.get_path(d, path)) for name, path in q.plain} for d in docs]
+        if self._mixing is None:
+            self._mixing = self.plain_mixing()
+        how = self._mixing
+        if not any(how.values()):  # the common case: every field holds one kind
+            return [{name: frames.output_value(path, frames.get_path(d, path)) for name, path in q.plain} for d in docs]
+        return [{name: frames.mixed_value(how[path], frames.output_value(path, frames.get_path(d, path)))
+                 for name, path in q.plain} for d in docs]
+
+    def plain_mixing(self) -> dict[tuple[str, ...], str | None]:
+        """frames.mixing of each projected field over the matched rows: nothing to learn where
+        the whole collection holds one kind; else from the values when the query reads every
+        matched row and they are few, else from posting lists (LIMIT or OFFSET leaves some
+        unread, or a result too large to hold twice, maybe over max_result_bytes)."""
+        out, docs = {}, None
+        limit, offset = self.limits()
+        for _, path in self.q.plain:
+            kinds = set(self.column_tags(path)) | ({keys.OBJECT} if self.snap.has_type(path, "object") else set())
+            if frames.mixing(kinds, big_ints=True) is None:
+                out[path] = None
+            elif offset == 0 and (limit is None or limit >= len(self.rows)) and len(self.rows) <= MIXING_FROM_ROWS:
+                docs = self.snap.fetch(self.rows, copy=False) if docs is None else docs
+                out[path] = frames.mixing_of(frames.values(docs, path))
+            else:
+                out[path] = frames.mixing(*P.IndexEvaluator(self.snap, self.bind).kinds(path, kinds, self.rows))
+        return out
 
     def frame(self, docs: list[dict]) -> pa.Table:
         """The table DuckDB reads on the index path: the fields the query uses, and ``__pos``,
         each row's position in ``docs`` (also: a frame needs one column)."""
         names = list(self.q.fields.values()) + ["__pos"]
-        cols = [frames.column(frames.values(docs, path), path) for path in self.q.fields]
+        cols = [frames.nulls_typed(frames.column(frames.values(docs, path), path), self.column_tags(path))
+                for path in self.q.fields]
         cols.append(pa.array(np.arange(len(docs), dtype=np.int64)))
         return frames.table(names, cols)
 
@@ -367,11 +436,34 @@ class _Execution:
         error = ResultTooLargeError(rows, size, self.engine.max_result_bytes, estimated=estimated, sql=self.q.sql)
         return Result(columns, access=self.plan.access, refused=error, stream=stream)
 
+    def warnings(self) -> list[str]:
+        """Result.warnings: fields no document of the collection has (messages.query_warnings)."""
+        if not self.snap.count():
+            return []
+        used = list(self.q.fields) + [leaf.path for leaf in self.leaves]
+
+        def exists(path: tuple[str, ...]) -> bool:
+            return bool(self.column_tags(path)) or any(self.snap.has_type(path, t) for t in keys.TAGS_BY_NAME)
+        return messages.query_warnings(self.q.sql, self.q.collection, used, exists, self.snap.field_paths)
+
+    def names(self) -> tuple[str, dict[str, str]]:
+        """The user's text, and what the internal names of its DuckDB statements stand for:
+        a DuckDB error names those (messages.duckdb_error)."""
+        names = {f: ".".join(p) for p, f in self.q.fields.items()}
+        names.update((c, ".".join(p)) for (p, _), c in getattr(self, "_scan_cols", {}).items())
+        names.update((n, "a parameter") for n in self.q.duck_params)
+        names["__pos"] = "*"
+        return self.q.sql, names
+
     def duck_params(self) -> dict[str, Any]:
         """Parameters of the DuckDB text: a datetime stays a timestamp there (naive means UTC,
         as in WHERE), so that UNIX_MICROS(:t) or ``_event_time > :t`` in SELECT work."""
+        return self.bind_duck_params(self.q.duck_params)
+
+    def bind_duck_params(self, ops: dict[str, P.Operand]) -> dict[str, Any]:
+        """The values of the DuckDB parameters ``ops`` (see :meth:`duck_params`)."""
         out = {}
-        for name, op in self.q.duck_params.items():
+        for name, op in ops.items():
             v = self.value(op)
             if isinstance(v, datetime):
                 out[name] = v if v.tzinfo is not None else v.replace(tzinfo=timezone.utc)
@@ -379,8 +471,9 @@ class _Execution:
                 out[name] = P.check_value(v, self.q.sql, op.position)
         return out
 
-    def duck_text(self, plan: Plan) -> str:
-        """The DuckDB statement of this execution (frame = the scan's CTE on the scan path)."""
+    def duck_text(self, plan: Plan, kinds: dict | None = None) -> str:
+        """The DuckDB statement of this execution (frame = the scan's CTE on the scan path;
+        ``kinds``: the :meth:`scan_kinds` of its mixed fields, else typed by the collection)."""
         q = self.q
         text = q.duck_sql
         limit, offset = self.limits()
@@ -401,13 +494,15 @@ class _Execution:
         selects = []
         for path, fname in q.fields.items():
             cols = {tag: f'"{c}"' for (p, tag), c in self._scan_cols.items() if p == path}
-            selects.append(f'{frames.value_sql(cols)} AS "{fname}"')
+            selects.append(f'{frames.value_sql(*(kinds or {}).get(path, (cols, False)))} AS "{fname}"')
         where = ""
         self._scan_params: dict[str, Any] = {}
+        self._scan_where = ""
         if q.where is not None:
             comp = P.ScanCompiler(lambda p, t: f'"{self._scan_cols[(p, t)]}"' if (p, t) in self._scan_cols else None,
                                   self.bind)
-            where = " WHERE " + comp.compile(q.where)
+            self._scan_where = comp.compile(q.where)
+            where = " WHERE " + self._scan_where
             self._scan_params = comp.params
         inner = ", ".join(selects) if selects else "1 AS __one"
         return f'WITH "frame" AS (SELECT {inner} FROM "scan"{where}) {text}'
@@ -423,17 +518,41 @@ class _Execution:
             return table.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(specs))])
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
-            return self.engine.duck().stream(text, {"scan": scan()}, params, batch_rows)
+            return self.engine.duck().stream(text, {"scan": scan()}, params, batch_rows, query=self.names())
         table = scan()
         t1 = time.perf_counter()
         self.timings["scan"] = t1 - t0
+        kinds = self.scan_kinds(table)
+        if kinds:
+            text = self.duck_text(plan, kinds)
         try:
-            out = self.engine.duck().run(text, {"scan": table}, params, self.engine.max_result_bytes)
+            out = self.engine.duck().run(text, {"scan": table}, params, self.engine.max_result_bytes,
+                                         query=self.names())
         except OutputTooLarge as e:
             return self.refused(e.columns, e.rows, e.nbytes, False, stream)
         finally:
             self.timings["duckdb"] = time.perf_counter() - t1
         return Result(out.column_names, table=out, access="scan")
+
+    def scan_kinds(self, table: pa.Table) -> dict[tuple[str, ...], tuple[dict[int, str], bool]]:
+        """(typed columns of the kinds present, an int beyond 2**53?) of each field that holds
+        values of several kinds in the collection, over the rows WHERE selects: what types it
+        (frames.value_sql), as the index path types it by the rows it fetches. One pass of
+        counts, only when some field is mixed."""
+        mixed = {}
+        for path in self.q.fields:
+            cols = {tag: f'"{c}"' for (p, tag), c in self._scan_cols.items() if p == path}
+            if frames.mixing(set(cols), big_ints=True) is not None:
+                mixed[path] = cols
+        if not mixed:
+            return {}
+        aggs = {path: frames.kinds_sql(cols) for path, cols in mixed.items()}
+        where = f" WHERE {self._scan_where}" if self._scan_where else ""
+        selects = [a for path in aggs for a in aggs[path]]
+        text = f'SELECT {", ".join(f"{a} AS k{i}" for i, a in enumerate(selects))} FROM "scan"{where}'
+        counts = iter(self.engine.duck().run(text, {"scan": table}, self._scan_params, query=self.names())
+                      .to_pylist()[0].values())
+        return {path: frames.scan_kinds(mixed[path], [next(counts) for _ in aggs[path]]) for path in mixed}
 
 
 def _row_bytes(rows: list[dict]) -> int:
@@ -468,6 +587,21 @@ class _NamedParams:
             return self.params[key]
         except KeyError:
             raise SqlError(f"no value for parameter :{key}", self.sql) from None
+
+
+def _multi_plan(q: MultiQuery, plans: list[Plan]) -> Plan:
+    return Plan(", ".join(p.collection for p in plans), access_of(plans), "each collection read once, into a frame",
+                sum(p.total_rows for p in plans), None, sources=plans, duckdb_sql=q.duck_sql)
+
+
+def pred_text(p: P.Pred, bind) -> str:
+    """A predicate as EXPLAIN shows it, with its values bound."""
+    if isinstance(p, (P.And, P.Or)):
+        word = " AND " if isinstance(p, P.And) else " OR "
+        return "(" + word.join(pred_text(q, bind) for q in p.items) + ")"
+    if isinstance(p, P.Not):
+        return f"NOT {pred_text(p.item, bind)}"
+    return _leaf_text(p, bind)
 
 
 def _leaf_text(leaf: P.Pred, bind) -> str:

@@ -18,9 +18,13 @@ import duckdb
 import pyarrow as pa
 
 from rtindex.errors import ClosedError, RtindexError, SqlError
+from rtindex.sql import messages
 
 CHECKED_STATEMENTS = 1024  # parsed-and-checked statements kept, by SQL text
 READ_BATCH_ROWS = 65_536  # rows per batch when a result is read in batches (DuckDB makes 2,048 at a time)
+
+# the user's SQL text, and internal name -> the user's words for it (Result errors name those)
+QueryContext = tuple[str, Mapping[str, str]]
 
 _CONFIG = {
     # No files, no network, no Python replacement scans of the caller's variables.
@@ -83,10 +87,11 @@ class DuckEngine:
         self._checked: OrderedDict[str, duckdb.Statement] = OrderedDict()
 
     def run(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None,
-            max_bytes: int | None = None) -> pa.Table:
+            max_bytes: int | None = None, query: QueryContext | None = None) -> pa.Table:
         """Run one SELECT over the given Arrow tables (registered under those names for this
         call only) with named parameters ($name in the text) and return the result as a
-        pyarrow Table. With ``max_bytes``, a result that grows past it is not kept: the rest
+        pyarrow Table. ``query``: the user's SQL text, and what its internal names stand
+        for (see :meth:`_error`). With ``max_bytes``, a result that grows past it is not kept: the rest
         is only counted, batch by batch, and :class:`OutputTooLarge` says how big it was."""
         cursor = self._open_cursor(self._running)
         try:
@@ -107,12 +112,12 @@ class DuckEngine:
                 raise OutputTooLarge(reader.schema.names, rows, size)
             return pa.Table.from_batches(kept, schema=reader.schema)
         except (duckdb.Error, OSError, pa.ArrowException) as e:
-            raise self._error(e, sql) from e
+            raise self._error(e, sql, query) from e
         finally:
             self._close_cursor(cursor, self._running)
 
     def stream(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None,
-               batch_rows: int = READ_BATCH_ROWS) -> pa.RecordBatchReader:
+               batch_rows: int = READ_BATCH_ROWS, query: QueryContext | None = None) -> pa.RecordBatchReader:
         """:meth:`run`, as a reader of record batches (about ``batch_rows`` rows each) that
         DuckDB produces as they are read. Its cursor stays open until the reader is exhausted
         or dropped; close() does not wait for that: it interrupts the query, and the reader
@@ -123,7 +128,7 @@ class DuckEngine:
         except BaseException as e:
             self._close_cursor(cursor, self._streams)
             if isinstance(e, duckdb.Error):
-                raise self._error(e, sql) from e
+                raise self._error(e, sql, query) from e
             raise
 
         def batches() -> Iterator[pa.RecordBatch]:
@@ -136,7 +141,7 @@ class DuckEngine:
                     except StopIteration:
                         return
                     except (duckdb.Error, OSError, pa.ArrowException) as e:  # Arrow's reader: OSError
-                        raise self._error(e, sql) from e
+                        raise self._error(e, sql, query) from e
                     yield batch
             finally:
                 self._close_cursor(cursor, self._streams)
@@ -168,12 +173,16 @@ class DuckEngine:
         # relation hands Arrow over without the copy a DB-API result makes.
         return cursor.sql(statement, params=None if params is None else dict(params))
 
-    def _error(self, e: Exception, sql: str) -> RtindexError:
+    def _error(self, e: Exception, sql: str, query: QueryContext | None = None) -> RtindexError:
+        """DuckDB's error about the generated ``sql``, told about the user's query: its
+        internal names (frame columns f0, scan columns c0, ...) replaced by what
+        ``query`` says they stand for, never shown otherwise (messages.duckdb_error)."""
         if self._con is None:  # close() interrupted us
             return ClosedError("the SQL engine was closed while the query ran")
         # DuckDB's first line says what is wrong; the rest is the text echoed with
         # a caret or tuning advice (SET threads=...) that does not apply here.
-        return SqlError(str(e).partition("\n")[0] or type(e).__name__, sql=sql)
+        user_sql, names = query if query is not None else (sql, {})
+        return SqlError(messages.duckdb_error(str(e).partition("\n")[0] or type(e).__name__, names), sql=user_sql)
 
     def _statement(self, cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statement:
         with self._cond:

@@ -1,11 +1,15 @@
 """Field values of documents -> Arrow columns, with one typing rule for both access paths.
 
-A field that holds one type in the selected rows becomes that Arrow type (int64, float64,
-string, bool; ``_event_time`` a UTC timestamp); ints and floats together become float64;
-arrays and objects become what Arrow infers (lists, structs). Anything Arrow cannot type as
-one column (a string in some rows, a number in others) becomes text: strings as they are,
-other values as JSON. The column scan builds the same types in DuckDB (see
-:func:`value_sql`), so a result does not depend on the access path that produced it.
+A field that holds one type in the rows WHERE selects becomes that Arrow type (int64,
+float64, string, bool; ``_event_time`` a UTC timestamp); ints and floats together become
+float64 (text when an int is beyond 2**53, which float64 cannot hold exactly); arrays and
+objects become what Arrow infers (lists, structs). Anything Arrow cannot type as one column
+(a string in some rows, a number in others) becomes text: strings as they are, other
+values as JSON. The rule depends only on the *kinds* of values the selected rows hold
+(:func:`mixing`), which every access path can learn: from the values themselves (a frame,
+:func:`column`), from posting lists (a plain projection whose LIMIT leaves rows unread), or
+from counts over the column store's typed columns (the scan, :func:`value_sql`). So a
+result does not depend on the access path that produced it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rtindex import keys
+from rtindex.columns import arrow_type
 from rtindex.rowcache import copy_json
 
 MISSING = object()
@@ -55,11 +60,65 @@ def output_value(path: Sequence[str], v: Any) -> Any:
     return v
 
 
+# the largest magnitude up to which every int is a float64 (Arrow refuses to mix larger ones with floats)
+EXACT_INT = 1 << 53
+# kinds of values a field can hold, by type tag (NULL aside: null mixes with anything)
+KINDS = (keys.BOOL, keys.INT, keys.FLOAT, keys.STRING, keys.TIMESTAMP, keys.ARRAY, keys.OBJECT)
+DOUBLE, TEXT = "double", "text"
+
+
+def mixing(kinds: set[int], big_ints: bool = False) -> str | None:
+    """What :func:`column` makes of a field holding values of ``kinds`` (type tags; NULL is
+    ignored) in the rows a query selects, ``big_ints`` if one of its ints is beyond
+    EXACT_INT: None (one kind: values as they are), DOUBLE (ints and floats) or TEXT."""
+    kinds = set(kinds) - {keys.NULL}
+    if len(kinds) <= 1:
+        return None
+    if kinds == {keys.INT, keys.FLOAT} and not big_ints:
+        return DOUBLE
+    return TEXT
+
+
+def kind(v: Any) -> int:
+    """The type tag of a JSON value as a document holds it."""
+    if v is None:
+        return keys.NULL
+    if isinstance(v, bool):
+        return keys.BOOL
+    if isinstance(v, int):
+        return keys.INT
+    if isinstance(v, float):
+        return keys.FLOAT
+    if isinstance(v, str):
+        return keys.STRING
+    return keys.ARRAY if isinstance(v, list) else keys.OBJECT
+
+
+def mixing_of(values: list) -> str | None:
+    """:func:`mixing` of the values themselves."""
+    kinds = set(map(kind, values))
+    big = keys.INT in kinds and any(type(v) is int and abs(v) > EXACT_INT for v in values)
+    return mixing(kinds, big)
+
+
+def mixed_value(how: str | None, v: Any) -> Any:
+    """One value as a column mixed ``how`` (see :func:`mixing`) holds it."""
+    if how is None or v is None:
+        return v
+    if how == DOUBLE:
+        return float(v)
+    return _text(v)
+
+
 def _text(v: Any) -> str | None:
+    """A value in a text column: strings as they are, other values as JSON (floats as
+    Python's repr spells them, which is how DuckDB casts a DOUBLE to VARCHAR: ``1.5e-07``)."""
     if v is None or isinstance(v, str):
         return v
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
     return orjson.dumps(v).decode()
 
 
@@ -79,6 +138,17 @@ def column(values: list, path: Sequence[str] = ()) -> pa.Array:
     if tuple(path) == EVENT_TIME and (pa.types.is_int64(arr.type) or pa.types.is_null(arr.type)):
         return arr.cast(TIMESTAMP)  # a timestamp even when no row matched (MAX(_event_time) is NULL)
     return arr
+
+
+def nulls_typed(arr: pa.Array, tags: list[int]) -> pa.Array:
+    """``arr`` (a frame column), or, when the selected rows hold no value of its field and
+    the collection holds one kind of scalar there (``tags``: its column-store types), nulls
+    of that kind's type: what the column scan reads then, so that ``SUM(s)`` of a text field
+    fails (or ``lower(k)`` of an int one) whether or not a row matched, on either path."""
+    kinds = [t for t in tags if t not in (keys.NULL, keys.ARRAY, keys.OBJECT)]
+    if not pa.types.is_null(arr.type) or len(kinds) != 1:
+        return arr
+    return pa.nulls(len(arr), type=arrow_type(kinds[0]))
 
 
 def table(names: list[str], columns: list[pa.Array]) -> pa.Table:
@@ -150,14 +220,15 @@ def rows_reader(chunks: Callable[[], Iterator[list[dict]]], names: list[str] | N
 
 
 # -- the same rule in DuckDB, over the column store's typed columns --------------------
-def value_sql(cols: dict[int, str]) -> str:
-    """DuckDB expression for a field's value from its typed columns (tag -> column name)."""
+def value_sql(cols: dict[int, str], big_ints: bool = False) -> str:
+    """DuckDB expression for a field's value from its typed columns (tag -> column name):
+    pass only the columns of the kinds the selected rows hold (see :func:`kinds_sql`)."""
     vals = {t: c for t, c in cols.items() if t not in (keys.NULL, keys.ARRAY, keys.OBJECT)}
     if not vals:
         return "NULL"
     if len(vals) == 1:
         return next(iter(vals.values()))
-    if set(vals) <= {keys.INT, keys.FLOAT}:
+    if mixing(set(vals), big_ints) == DOUBLE:
         return f"COALESCE(CAST({vals[keys.INT]} AS DOUBLE), {vals[keys.FLOAT]})"
     parts = []
     for t, c in sorted(vals.items()):
@@ -168,3 +239,20 @@ def value_sql(cols: dict[int, str]) -> str:
         else:
             parts.append(f"CAST({c} AS VARCHAR)")
     return f"COALESCE({', '.join(parts)})"
+
+
+def kinds_sql(cols: dict[int, str]) -> list[str]:
+    """DuckDB aggregates over a field's typed columns (tag -> column name) that tell
+    :func:`value_sql` which kinds the selected rows hold: one count per value column, then
+    a count of ints beyond EXACT_INT (see :func:`scan_kinds`)."""
+    out = [f"COUNT({c})" for t, c in sorted(cols.items()) if t in KINDS]
+    col = cols.get(keys.INT)
+    out.append(f"COUNT(CASE WHEN {col} > {EXACT_INT} OR {col} < -{EXACT_INT} THEN 1 END)" if col else "0")
+    return out
+
+
+def scan_kinds(cols: dict[int, str], counts: list[int]) -> tuple[dict[int, str], bool]:
+    """The columns of the kinds present, and whether an int is beyond EXACT_INT, from the
+    values of :func:`kinds_sql`."""
+    present = [t for t in sorted(cols) if t in KINDS]
+    return {t: cols[t] for t, n in zip(present, counts) if n}, bool(counts[-1])

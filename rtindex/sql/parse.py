@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import sqlglot
 from sqlglot import exp
@@ -22,8 +24,12 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.tokens import TokenType
 
 from rtindex.errors import SqlError, UnsupportedSqlError
+from rtindex.sql import messages
 from rtindex.sql import predicates as P
 from rtindex.sql.syntax import syntax_error
+
+if TYPE_CHECKING:
+    from rtindex.sql.sources import MultiQuery
 
 DIALECT = "duckdb"
 PLAN_CACHE_SIZE = 512
@@ -32,7 +38,8 @@ AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 SCALAR_FUNCTIONS = (exp.Lower, exp.Upper, exp.Length, exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Coalesce,
                     exp.Concat, exp.DPipe, exp.Case, exp.If, exp.Cast, exp.TryCast)
 OPERATORS = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Paren, exp.Not, exp.And,
-             exp.Or, exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.Is, exp.In, exp.Between, exp.Like)
+             exp.Or, exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.Is, exp.In, exp.Between, exp.Like,
+             exp.ILike, exp.NullSafeEQ, exp.NullSafeNEQ)
 STRUCTURE = (exp.Select, exp.From, exp.Table, exp.TableAlias, exp.Identifier, exp.Column, exp.Dot, exp.Star,
              exp.Alias, exp.Literal, exp.Boolean, exp.Null, exp.Placeholder, exp.Group, exp.Having, exp.Order,
              exp.Ordered, exp.Limit, exp.Offset, exp.Where, exp.Distinct, exp.DataType, exp.Explode, exp.Unnest,
@@ -43,6 +50,7 @@ CAST_TYPES = {"BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT", "DECIMA
 COMPARISONS = {exp.EQ: "=", exp.NEQ: "<>", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
 FLIPPED = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 MISSING_FUNCTION = "IS_MISSING"
+EVENT_TIME = ("_event_time",)
 Path = tuple[str, ...]
 # Rockset's default workspace: ``commons.coll`` is the collection ``coll``; any other
 # workspace is part of the name (``ws.coll``, see rtindex/database.py)
@@ -101,6 +109,7 @@ class Query:
     param_style: str | None = None  # "named", "positional" or None
     n_positional: int = 0
     duck_params: dict[str, P.Operand] = field(default_factory=dict)  # $name in duck_sql -> operand
+    residual: str | None = None  # the part of WHERE DuckDB evaluates (in duck_sql), as SQL
 
 
 POSITIONAL = "__q"  # ? placeholders are renamed $__q0, $__q1, ... in order of appearance
@@ -171,7 +180,16 @@ class _Parser:
         return SqlError(message, self.sql, self.position(node))
 
     def unsupported(self, what: str, node: exp.Expression) -> UnsupportedSqlError:
-        return UnsupportedSqlError(f"unsupported: {what}", self.sql, self.position(node))
+        """The error for ``what`` (which may start with _describe(node) or a keyword), naming
+        the construct as the user wrote it and pointing at it (rtindex/sql/messages.py)."""
+        position, internal = self.position(node), _describe(node)
+        if what.startswith(internal):
+            written, start = messages.as_written(node, self.text, internal, self.sql, self.original)
+            what, position = written + what[len(internal):], start if start is not None else position
+        elif what.split(" ", 1)[0].isupper() and isinstance(node, exp.Select):  # DISTINCT, JOINS, WITH, ...
+            start = messages.keyword_position(what.split(" ", 1)[0], self.text)
+            position = self.original(start) if start is not None else position
+        return UnsupportedSqlError(f"unsupported: {what}", self.sql, position)
 
     # -- fields and operands --------------------------------------------------------
     def field_path(self, node: exp.Expression) -> Path | None:
@@ -248,6 +266,9 @@ class _Parser:
             if path is None or value is None:
                 raise self.unsupported(f"comparison {node.sql(DIALECT)} in WHERE (compare a field with a value "
                                        "or parameter)", node)
+            if path == EVENT_TIME and isinstance(value, P.Const) and isinstance(value.value, str):
+                # an ISO-8601 text: DuckDB reads it as a timestamp
+                raise self.unsupported("_event_time compared with a string in the index", node)
             return P.Compare(path, op, value)
         if isinstance(node, exp.In):
             path = self.where_field(node.this, node)
@@ -266,9 +287,10 @@ class _Parser:
             if node.args.get("escape") is not None:
                 raise self.unsupported("LIKE ... ESCAPE", node)
             pattern = self.where_operand(node.expression)
-            if isinstance(pattern, P.Const):
-                P.like_prefix(pattern.value, self.sql, self.position(node))
-            return P.Like(self.where_field(node.this, node), pattern, self.position(node))
+            if isinstance(pattern, P.Const) and not _index_pattern(pattern.value):
+                raise self.unsupported("a LIKE pattern other than a literal prefix in the index", node)
+            like = P.Like(self.where_field(node.this, node), pattern, self.position(node))
+            return P.Not(like) if node.args.get("negate") else like  # x NOT LIKE p
         if isinstance(node, exp.ArrayContains):
             return P.ArrayContains(self.where_field(node.this, node), self.where_operand(node.expression))
         if isinstance(node, exp.Anonymous) and node.name.upper() == MISSING_FUNCTION:
@@ -278,6 +300,18 @@ class _Parser:
         raise self.unsupported(f"{_describe(node)} in WHERE (WHERE combines comparisons of a field with a "
                            "value: =, <>, <, <=, >, >=, IN, BETWEEN, IS [NOT] NULL, IS_MISSING, LIKE 'prefix%', "
                            "ARRAY_CONTAINS)", node)
+
+    def split_where(self, node: exp.Expression) -> tuple[P.Pred | None, exp.Expression | None]:
+        """WHERE as (what the index answers, the residual DuckDB evaluates): its top-level AND
+        conjuncts that :meth:`predicate` reads go to the index, the others stay SQL."""
+        index, rest = [], []
+        for conjunct in conjuncts(node):
+            try:
+                index.append(self.predicate(conjunct))
+            except UnsupportedSqlError:
+                rest.append(conjunct)
+        pred = (index[0] if len(index) == 1 else P.And(tuple(index))) if index else None
+        return pred, exp.and_(*rest, copy=False) if rest else None
 
     def where_field(self, node: exp.Expression, parent: exp.Expression) -> Path:
         path = self.field_path(node)
@@ -331,7 +365,8 @@ class _Parser:
             return n
         return node.transform(fix, copy=True)
 
-    def parse(self) -> Query:
+    def statement(self) -> exp.Expression:
+        """The one statement of the text (a syntax error in the user's words otherwise)."""
         try:
             trees = sqlglot.parse(self.text, read=DIALECT)
         except sqlglot.errors.SqlglotError as e:
@@ -340,13 +375,19 @@ class _Parser:
         trees = [t for t in trees if t is not None]
         if len(trees) != 1:
             raise SqlError(f"expected one statement, got {len(trees)}", self.sql)
-        tree = trees[0]
+        return trees[0]
+
+    def parse(self) -> Query:
+        tree = self.statement()
         if not isinstance(tree, exp.Select):
             raise self.unsupported(f"{_describe(tree)} statement (only SELECT)", tree)
         for arg in ("with_", "with", "joins", "laterals", "windows", "qualify", "distinct", "into", "pivots",
                     "sample", "locks", "kind", "prewhere", "connect", "match"):
             if tree.args.get(arg):
                 raise self.unsupported(f"{arg.rstrip('_').upper()} (a query reads one collection)", tree)
+        group = tree.args.get("group")
+        if group is not None and group.args.get("all"):
+            raise self.unsupported("GROUP BY ALL in the single-collection form", group)
         _normalize_time_functions(tree)
         self.check_nodes(tree)
         source = tree.args.get("from_") or tree.args.get("from")
@@ -361,11 +402,11 @@ class _Parser:
         self.alias = table.alias or None
 
         where = tree.args.get("where")
-        pred = self.predicate(where.this) if where is not None else None
+        pred, residual = self.split_where(where.this) if where is not None else (None, None)
 
         limit = self.limit_operand(tree.args.get("limit"))
         offset = self.limit_operand(tree.args.get("offset"))
-        query = self.select_part(tree, pred, limit, offset)
+        query = self.select_part(tree, pred, limit, offset, residual)
         positional = {str(p.this) for p in self.placeholders if str(p.this).startswith(POSITIONAL)}
         if positional and len(positional) != len({str(p.this) for p in self.placeholders}):
             raise SqlError("use either :name or ? parameters, not both", self.sql)
@@ -382,7 +423,7 @@ class _Parser:
             raise self.error("LIMIT and OFFSET take a non-negative integer or a parameter", node)
         return value
 
-    def select_part(self, tree: exp.Select, pred, limit, offset) -> Query:
+    def select_part(self, tree: exp.Select, pred, limit, offset, residual: exp.Expression | None) -> Query:
         items = tree.expressions
         aliases = {e.alias for e in items if isinstance(e, exp.Alias)}
         stars = [e for e in items if isinstance(e, exp.Star)]
@@ -410,7 +451,8 @@ class _Parser:
             raise self.error("SELECT * cannot be combined with GROUP BY or aggregates", stars[0])
 
         outputs: list[str] = []
-        plain: list[tuple[str, Path]] | None = [] if not grouped and not tree.args.get("order") else None
+        plain: list[tuple[str, Path]] | None = ([] if not grouped and not tree.args.get("order") and residual is None
+                                                else None)
         select_sql: list[str] = []
         for e in items:
             if e in stars:
@@ -430,6 +472,8 @@ class _Parser:
         if stars and plain is not None:
             plain = [] if len(items) == 1 else None  # * with expressions: DuckDB computes the extras
         text = "SELECT " + ", ".join(select_sql) + ' FROM "frame"'
+        if residual is not None:
+            text += " WHERE " + self.rewrite(residual, set()).sql(DIALECT)
         group = tree.args.get("group")
         if group is not None:
             text += " GROUP BY " + ", ".join(self.rewrite(g, aliases).sql(DIALECT) for g in group.expressions)
@@ -441,7 +485,8 @@ class _Parser:
             text += " ORDER BY " + ", ".join(self.rewrite(o, aliases).sql(DIALECT) for o in order.expressions)
         return Query(sql=self.sql, collection=self.collection, where=pred, fields=dict(self.fields),
                      duck_sql=text, outputs=outputs, plain=plain, star=bool(stars), star_except=star_except,
-                     limit=limit, offset=offset, duck_params=dict(self.duck_params))
+                     limit=limit, offset=offset, duck_params=dict(self.duck_params),
+                     residual=residual.sql(DIALECT) if residual is not None else None)
 
 
 def _duck_time_function(name: str, arg: exp.Expression) -> exp.Expression:
@@ -475,6 +520,26 @@ def _bigint(n: int) -> exp.Expression:
     return exp.cast(exp.Literal.number(n), "BIGINT")
 
 
+def conjuncts(node: exp.Expression) -> Iterator[exp.Expression]:
+    """The top-level AND operands of a condition (through parentheses)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.And):
+        yield from conjuncts(node.this)
+        yield from conjuncts(node.expression)
+    else:
+        yield node
+
+
+def _index_pattern(pattern: object) -> bool:
+    """Whether the index answers LIKE ``pattern`` (a string: a literal prefix, or no wildcard)."""
+    try:
+        P.like_prefix(pattern)
+    except SqlError:
+        return not isinstance(pattern, str)  # not a string: the index path's error says so
+    return True
+
+
 def _number(text: str) -> int | float:
     try:
         return int(text)
@@ -502,15 +567,27 @@ def _unique(name: str, taken: list[str]) -> str:
     return f"{name}_{i}"
 
 
+def parse_query(sql: str) -> Query | MultiQuery:
+    """The checked plan of ``sql``: a single-collection Query when it fits that form (the
+    index answers its WHERE, or DuckDB the residual over one frame), else a MultiQuery over
+    every collection reference (rtindex/sql/sources.py)."""
+    try:
+        return _Parser(sql).parse()
+    except UnsupportedSqlError:
+        # sources builds on this module's parser: imported here, when first needed
+        from rtindex.sql.sources import parse_general
+        return parse_general(sql)
+
+
 class PlanCache:
     """Checked queries by SQL text, least recently used evicted first; thread-safe."""
 
     def __init__(self, size: int = PLAN_CACHE_SIZE):
         self.size = size
-        self._plans: OrderedDict[str, Query] = OrderedDict()
+        self._plans: OrderedDict[str, Query | MultiQuery] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, sql: str) -> Query:
+    def get(self, sql: str) -> Query | MultiQuery:
         if not isinstance(sql, str):
             raise SqlError(f"SQL must be a string, not {type(sql).__name__}")
         with self._lock:
@@ -518,7 +595,7 @@ class PlanCache:
             if q is not None:
                 self._plans.move_to_end(sql)
                 return q
-        q = _Parser(sql).parse()
+        q = parse_query(sql)
         with self._lock:
             self._plans[sql] = q
             while len(self._plans) > self.size:

@@ -20,6 +20,7 @@ them as Kleene's logic does, and FALSE sets are only computed under a ``NOT``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Union
@@ -216,6 +217,24 @@ class IndexEvaluator:
         """Rows where ``path`` reaches a value (null, arrays and objects included)."""
         return self.snap.exists(path) - self.arrays(path, include_self=False)
 
+    def kinds(self, path: Path, candidates: set[int], rows) -> tuple[set[int], bool]:
+        """The kinds of values (type tags among ``candidates``) ``path`` holds in ``rows``,
+        and whether one of its ints is beyond frames.EXACT_INT: what types a projected field
+        (frames.mixing) when the rows are not all fetched."""
+        kinds = set()
+        for tag in candidates - {keys.NULL}:
+            held = (self.snap.exists(path, ["array"]) - self.arrays(path, include_self=False) if tag == keys.ARRAY
+                    else self.scalar(path, (tag,)))
+            if held & rows:
+                kinds.add(tag)
+        big = False
+        if {keys.INT, keys.FLOAT} <= kinds:
+            edge = 1 << 53
+            beyond = (self.snap.range(path, edge, None, lo_inclusive=False)
+                      | self.snap.range(path, None, -edge, hi_inclusive=False))
+            big = bool(beyond & self.scalar(path, (keys.INT,)) & rows)
+        return kinds, big
+
     def true(self, p: Pred):
         if isinstance(p, And):
             out = self.true(p.items[0])
@@ -291,6 +310,40 @@ class IndexEvaluator:
 
 
 # -- the column-scan path: a DuckDB expression over typed columns ------------------------
+def exact_operand(op: str, v: int | float, integral: bool) -> tuple[str, int | float] | bool:
+    """``x op v`` for a column ``x`` of ints (``integral``) or of floats, rewritten so that
+    DuckDB compares values of the column's own type: it would compare an int with a float as
+    two floats, rounding ints beyond 2**53 (rule 2 of docs/sql.md compares exactly, as the
+    index does). Returns (op, value), or a bool when every value of the column gives it."""
+    if integral == isinstance(v, int):
+        return op, v
+    if integral:  # v is a float: which ints are below, equal to, above it
+        if math.isnan(v):
+            return op == "<>"
+        if math.isinf(v):
+            return op in (("<", "<=", "<>") if v > 0 else (">", ">=", "<>"))
+        if not v.is_integer():
+            if op in ("=", "<>"):
+                return op == "<>"
+            op, v = ("<=", math.floor(v)) if op in ("<", "<=") else (">=", math.ceil(v))
+        n = int(v)
+        if n > keys.INT_MAX:
+            return op in ("<", "<=", "<>")
+        if n < keys.INT_MIN:
+            return op in (">", ">=", "<>")
+        return op, n
+    try:  # v is an int: the floats below, equal to, above it
+        f = float(v)
+    except OverflowError:
+        return op in (("<", "<=", "<>") if v > 0 else (">", ">=", "<>"))
+    if f == v:
+        return op, f
+    if op in ("=", "<>"):
+        return op == "<>"
+    below, above = (math.nextafter(f, -math.inf), f) if f > v else (f, math.nextafter(f, math.inf))
+    return ("<=", below) if op in ("<", "<=") else (">=", above)
+
+
 class ScanCompiler:
     """Compiles predicates to DuckDB SQL over the column store's typed columns.
 
@@ -315,7 +368,11 @@ class ScanCompiler:
             if col is None:
                 continue
             lhs = f"epoch_us({col})" if tag == keys.TIMESTAMP else col
-            parts.append(f"({lhs} {op} {self._param(v)})")
+            exact = exact_operand(op, v, tag != keys.FLOAT) if tag in (keys.INT, keys.FLOAT, keys.TIMESTAMP) else (op, v)
+            if isinstance(exact, bool):  # the same answer for every value of this column
+                parts.append(f"CASE WHEN {col} IS NOT NULL THEN {str(exact).upper()} END")
+            else:
+                parts.append(f"({lhs} {exact[0]} {self._param(exact[1])})")
         if not parts:
             return "CAST(NULL AS BOOLEAN)"
         return parts[0] if len(parts) == 1 else f"COALESCE({', '.join(parts)})"

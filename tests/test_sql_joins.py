@@ -1,0 +1,154 @@
+"""Queries over several collection references: JOINs, subqueries (IN, scalar, EXISTS,
+correlated), CTEs, UNION, self joins; each against DuckDB over native tables of the same
+data (tests/sql_oracle.py) on every access path; each collection read once; the sandbox
+inside subqueries and CTEs."""
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sql_oracle import check, documents, native
+
+import rtindex
+from rtindex import SqlError
+
+QUERIES = [
+    "SELECT t._id, u._id FROM t JOIN u ON t.i = u.k",
+    "SELECT t._id, u.w FROM t JOIN u ON t.i = u.k WHERE t.i > 0 AND u.w < 5",
+    "SELECT t._id, u.w FROM t LEFT JOIN u ON t.i = u.k WHERE u.w IS NULL",
+    "SELECT t._id, u.w FROM t LEFT JOIN u ON t.i = u.k AND u.w > 2",
+    "SELECT s, w FROM t JOIN u ON i = k WHERE b",
+    "SELECT COUNT(*) AS c FROM t, u WHERE t.i = u.k AND u.name LIKE '%a%'",
+    "SELECT _id FROM t WHERE i IN (SELECT k FROM u WHERE w > 2)",
+    "SELECT _id FROM t WHERE i NOT IN (SELECT k FROM u WHERE k IS NOT NULL)",
+    "SELECT _id FROM t WHERE EXISTS (SELECT 1 FROM u WHERE u.k = t.i AND u.w >= 3)",
+    "SELECT _id, (SELECT MAX(w) FROM u WHERE u.k = t.i) AS m FROM t",
+    "SELECT _id FROM t WHERE f > (SELECT AVG(w) FROM u)",
+    "SELECT a._id FROM t a WHERE a.i > (SELECT AVG(b.i) FROM t b WHERE b.s = a.s)",
+    "SELECT a._id, b._id AS c FROM t a JOIN t b ON a.i = b.i WHERE a.b AND b.s = 'a'",
+    "SELECT a._id, b._id AS c FROM t a JOIN t b ON a.i = b.i WHERE a.i = 1 AND b.f > 0",
+    "WITH c AS (SELECT s, SUM(i) AS x FROM t WHERE i > 0 GROUP BY s) SELECT * FROM c",
+    "WITH c AS (SELECT k, COUNT(*) AS n FROM u GROUP BY k) SELECT t._id, c.n FROM t JOIN c ON t.i = c.k",
+    "SELECT i AS v FROM t WHERE b UNION SELECT k FROM u WHERE w > 1",
+    "SELECT i AS v FROM t UNION ALL SELECT k FROM u EXCEPT SELECT 0",
+    "SELECT * FROM (SELECT s, i FROM t WHERE i >= 0) x WHERE x.s LIKE '%a%'",
+    "SELECT u.name, COUNT(t._id) AS n FROM u LEFT JOIN t ON t.i = u.k GROUP BY u.name",
+]
+
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory):
+    t = [{"_id": 0, "i": 1, "f": 0.5, "s": "a", "b": True}, {"_id": 1, "i": 2, "f": -1.5, "s": "ab", "b": False},
+         {"_id": 2, "i": 1, "s": "a", "b": None}, {"_id": 3, "i": None, "f": 2.0, "s": "ba"},
+         {"_id": 4, "i": 3, "f": 3.0, "b": True}]
+    u = [{"_id": 0, "k": 1, "w": 2, "name": "a"}, {"_id": 1, "k": 1, "w": 5, "name": "ba"},
+         {"_id": 2, "k": 3, "w": 3}, {"_id": 3, "k": None, "w": 1, "name": "b"}]
+    db = rtindex.open(str(tmp_path_factory.mktemp("joins") / "db"))
+    db.create_collection("t", shards=2).ingest(t)
+    db.create_collection("u").ingest(u)
+    con = duckdb.connect()
+    native(con, "t", t)
+    native(con, "u", u)
+    yield db, con
+    con.close()
+    db.close()
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_query_matches_duckdb(fixed, sql):
+    db, con = fixed
+    check(db, con, sql)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(t=documents("t", 15), u=documents("u", 10), sql=st.sampled_from(QUERIES))
+def test_generated_documents_match_duckdb(tmp_path_factory, t, u, sql):
+    with rtindex.open(str(tmp_path_factory.mktemp("gen") / "db")) as db:
+        db.create_collection("t", shards=2).ingest(t)
+        db.create_collection("u").ingest(u)
+        con = duckdb.connect()
+        native(con, "t", t)
+        native(con, "u", u)
+        check(db, con, sql)
+        con.close()
+
+
+def test_a_collection_referenced_twice_is_read_once(fixed):
+    db, _ = fixed
+    plan = db.explain("SELECT a._id FROM t a JOIN t b ON a.i = b.i WHERE a.b AND b.s = 'a'")
+    assert [p.collection for p in plan.sources] == ["t"]
+    text = str(plan)
+    assert "reference t AS a: index part: none; residual: a.b; estimated rows: 5" in text
+    assert "reference t AS b: index part: s = 'a'; residual: a.b; estimated rows: 2" in text
+    res = db.sql("SELECT a._id FROM t a JOIN t b ON a.i = b.i WHERE a.i = 1 AND b.i = 1")
+    assert sorted(r["_id"] for r in res) == [0, 0, 2, 2]
+    assert len(res.plan.sources) == 1
+
+
+def test_explain_shows_each_reference(fixed):
+    db, _ = fixed
+    plan = db.explain("SELECT t._id, u.w FROM t JOIN u ON t.i = u.k WHERE t.i > 1 AND u.w < 5 AND t.f < u.w")
+    text = str(plan)
+    assert "reference t AS t: index part: i > 1; residual: t.f < u.w; estimated rows: 2" in text
+    assert "reference u AS u: index part: w < 5; residual: t.f < u.w; estimated rows: 3" in text
+    assert 'DuckDB: SELECT "t"."_id", "u"."w" FROM "__c0" AS "t" JOIN "__c1" AS "u"' in text
+
+
+def test_outer_join_where_stays_in_duckdb(fixed):
+    db, _ = fixed
+    plan = db.explain("SELECT t._id FROM t LEFT JOIN u ON t.i = u.k WHERE u.w IS NULL")
+    assert all("index part: none" in line for p in plan.sources for line in p.references)
+
+
+def test_parameters_in_subqueries_and_ctes(fixed):
+    db, _ = fixed
+    sql = "WITH c AS (SELECT k FROM u WHERE w > :w) SELECT _id FROM t WHERE i IN (SELECT k FROM c) AND b = :b"
+    assert sorted(r["_id"] for r in db.sql(sql, {"w": 2, "b": True})) == [0, 4]
+    assert sorted(r["_id"] for r in db.sql(sql.replace(":w", "?").replace(":b", "?"), [2, True])) == [0, 4]
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT _id FROM t WHERE s IN (SELECT content FROM read_text('/etc/passwd'))",
+    "WITH x AS (SELECT * FROM read_csv('/etc/passwd')) SELECT * FROM t, x",
+    "WITH x AS (SELECT * FROM read_parquet('/tmp/x.parquet')) SELECT _id FROM t",
+    "SELECT _id, (SELECT COUNT(*) FROM glob('/etc/*')) AS n FROM t",
+    "SELECT _id FROM t WHERE EXISTS (SELECT 1 FROM '/etc/passwd')",
+    "SELECT _id FROM t UNION SELECT 1 FROM duckdb_settings()",
+    "SELECT _id FROM t WHERE s = (SELECT getenv('HOME'))",
+    "WITH x AS (SELECT 1) SELECT * FROM t; COPY t TO '/tmp/rtindex-copy-test.csv'",
+    "WITH x AS (SELECT 1) SELECT * FROM t; ATTACH '/tmp/rtindex-attach-test.db' AS y",
+    "SELECT _id FROM t WHERE i IN (SELECT 1); PRAGMA version",
+    "SELECT * FROM t JOIN (SELECT * FROM pragma_version()) v ON TRUE",
+    "SELECT * FROM t, (SELECT * FROM information_schema.tables) x",
+    "SELECT * FROM t JOIN \"__c0\" ON TRUE",
+])
+def test_no_file_or_setting_access_through_subqueries_or_ctes(fixed, sql):
+    db, _ = fixed
+    with pytest.raises(SqlError):
+        db.sql(sql)
+    assert not os.path.exists("/tmp/rtindex-copy-test.csv") and not os.path.exists("/tmp/rtindex-attach-test.db")
+
+
+def test_outer_fields_in_a_subquery_are_no_index_part_of_it(fixed):
+    db, con = fixed
+    sql = "SELECT a._id FROM t a WHERE NOT EXISTS (SELECT 1 FROM u WHERE a.i = 1 AND u.w > 4)"
+    check(db, con, sql)
+    plan = db.explain(sql)
+    assert all("index part: none" in line or "index part: w > 4" in line
+               for p in plan.sources for line in p.references)
+
+
+def test_time_functions_inside_subqueries(tmp_path):
+    with rtindex.open(str(tmp_path / "db")) as db:
+        db.create_collection("ev").ingest([{"_id": i, "k": i % 2, "_event_time": 1_700_000_000_000_000 + i}
+                                          for i in range(4)])
+        sql = ("SELECT _id FROM ev WHERE _id IN (SELECT _id FROM ev WHERE UNIX_MICROS(_event_time) > "
+               "1700000000000001 AND _event_time > TIMESTAMP_SECONDS(:t)) ORDER BY _id")
+        for access in (None, "index", "scan"):
+            assert db.sql(sql, {"t": 5}, access=access).rows() == [{"_id": 2}, {"_id": 3}]
+            assert db.sql("SELECT UNIX_MICROS(a._event_time) AS us FROM ev a JOIN ev b ON a._id = b._id "
+                          "WHERE a.k = 1 AND b._id < 2", access=access).rows() == [{"us": 1_700_000_000_000_001}]

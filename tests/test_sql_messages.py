@@ -1,0 +1,125 @@
+"""Errors and warnings a user can act on: in the words of the query, never of the machinery.
+
+An ``UnsupportedSqlError`` names the construct as it was written (``function string_agg``,
+``'a + b'``), not sqlglot's node (GROUP_CONCAT, ADD), and points at it; a DuckDB error about
+the statement rtindex generated names the user's fields (never the frame's ``f0`` or the
+scan's ``c0``) and says what to do; a valid query that almost surely asks the wrong thing
+(a field no document has, a WHERE on an output alias) runs, with ``Result.warnings`` (and
+a "warnings" key in the service's reply) saying so. Real RocksDB, DuckDB and server.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import pyarrow as pa
+import pytest
+import sqlglot
+from sqlglot import exp
+
+import rtindex
+from rtindex.errors import SqlError, UnsupportedSqlError
+from rtindex.sql import messages
+from tests.serving import Served
+
+INTERNAL = re.compile(r'\b(f\d+|c\d+|__pos|frame|GROUP_CONCAT|NULLSAFENEQ|BRACKET|COLUMN)\b')
+
+
+@pytest.fixture
+def t(db):
+    t = db.create_collection("t", shards=1)
+    t.ingest([{"_id": 1, "lang": "en", "m": 1, "s": "a", "k": 1, "device": {"os": "linux"}},
+              {"_id": 2, "lang": "fr", "m": "x", "s": "b", "k": 2}])
+    return t
+
+
+@pytest.mark.parametrize("sql, node_type, construct, at", [
+    ("SELECT string_agg(s, ',') FROM t", exp.GroupConcat, "function string_agg", "string_agg"),
+    ("SELECT s FROM t WHERE a + b = 1", exp.Add, "'a + b'", "a + b"),
+    ("SELECT s FROM t WHERE s IS DISTINCT FROM 'a'", exp.NullSafeNEQ, "'s IS DISTINCT FROM 'a''", "s IS"),
+    ("SELECT m[1] FROM t", exp.Bracket, "'m[1]'", "m[1]"),
+    ("SELECT lower(s) FROM t", exp.Lower, "function lower", "lower"),
+])
+def test_a_construct_is_named_as_written_and_pointed_at(sql, node_type, construct, at):
+    node = next(sqlglot.parse_one(sql, read="duckdb").find_all(node_type))
+    written, start = messages.as_written(node, sql, "INTERNAL", sql, lambda pos: pos)
+    assert (written, start) == (construct, sql.index(at))
+
+
+def test_an_unsupported_function_is_named_as_written_where_it_is(db, t):
+    sql = "SELECT k FROM t WHERE k = 1\n  AND Read_Text('x') = 'a'"
+    with pytest.raises(UnsupportedSqlError, match="function Read_Text") as e:
+        db.sql(sql)
+    assert e.value.position == sql.index("Read_Text") and "line 2, column 7" in str(e.value)
+    with pytest.raises(UnsupportedSqlError, match="unsupported: Delete statement") as e:
+        db.sql("  Delete FROM t WHERE k = 1")
+    assert e.value.position == 2
+    assert messages.keyword_position("distinct", "SELECT  DISTINCT a FROM t") == 8
+
+
+@pytest.mark.parametrize("access", ["index", "scan"])
+@pytest.mark.parametrize("sql, says", [
+    ("SELECT SUM(m) AS total FROM t", "TRY_CAST"),  # m holds a number and a string: text
+    ("SELECT s, COUNT(*) AS n FROM t GROUP BY k", "column s must appear in the GROUP BY"),
+    ("SELECT k FROM t GROUP BY k HAVING s = 'a'", "column s must appear in the GROUP BY"),
+    ("SELECT CAST(s AS BIGINT) AS n FROM t", "source column s: use TRY_CAST"),
+    ("SELECT lower(k) AS l FROM t", "CAST the arguments"),
+])
+def test_duckdb_errors_name_the_users_fields(db, t, access, sql, says):
+    with pytest.raises(SqlError) as e:
+        db.sql(sql, access=access)
+    assert says in str(e.value) and not INTERNAL.search(str(e.value)), str(e.value)
+    assert e.value.sql == sql
+
+
+def test_a_mixed_field_summed_over_rows_of_one_type_is_no_error(db, t):
+    for access in ("index", "scan"):
+        assert db.sql("SELECT SUM(m) AS total FROM t WHERE k = 1", access=access).rows() == [{"total": 1}]
+
+
+def test_an_unknown_internal_name_is_never_shown():
+    text = messages.duckdb_error('Binder Error: Referenced column "f7" not found in FROM clause!', {})
+    assert "f7" not in text and "a column" in text
+    assert messages.duckdb_error("Out of Memory Error: could not allocate", {}).startswith("Out of Memory Error")
+    assert "rtindex cannot run this query" in messages.duckdb_error('Parser Error: syntax error at or near "BY"', {})
+
+
+def test_warnings_for_a_field_no_document_has(db, t):
+    res = db.sql("SELECT LANG FROM t")
+    assert res.rows() == [{"LANG": None}, {"LANG": None}]
+    assert len(res.warnings) == 1 and "LANG" in res.warnings[0] and "did you mean lang?" in res.warnings[0]
+    res = db.sql("SELECT COUNT(*) AS n FROM t WHERE device.oss = 'linux'")
+    assert "did you mean device.os?" in res.warnings[0]
+    assert db.sql("SELECT lang, device.os FROM t WHERE k = 1").warnings == []
+    assert db.sql("SELECT * FROM t").warnings == []
+    db.create_collection("empty")
+    assert db.sql("SELECT anything FROM empty").warnings == []  # no documents: nothing is a typo yet
+
+
+def test_a_warning_for_where_on_an_output_alias(db, t):
+    res = db.sql("SELECT k * 2 AS twice FROM t WHERE twice > 1")
+    assert res.rows() == [] and "output alias twice" in res.warnings[0] and "HAVING" in res.warnings[0]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    s = Served(str(tmp_path_factory.mktemp("srv") / "db"))
+    yield s
+    assert s.stop() == 0, "".join(s.output)
+
+
+def test_the_service_replies_with_the_warnings(served):
+    with served.client() as c:
+        assert c.post("/v1/collections", json={"name": "w", "shards": 1}).status_code == 201
+        fence = c.post("/v1/collections/w/docs", json=[{"_id": 1, "lang": "en"}]).json()["fence"]
+        body = c.post("/v1/query", json={"sql": "SELECT LANG FROM w", "min_fence": fence}).json()
+        assert body["rows"] == [{"LANG": None}] and "did you mean lang?" in body["warnings"][0]
+        assert "warnings" not in c.post("/v1/query", json={"sql": "SELECT lang FROM w"}).json()
+        a = c.post("/v1/query", json={"sql": "SELECT LANG, COUNT(*) AS n FROM w GROUP BY LANG"},
+                   headers={"Accept": "application/vnd.apache.arrow.stream"})
+        assert pa.ipc.open_stream(a.content).read_all().num_rows == 1
+        assert "did you mean lang?" in orjson.loads(a.headers["x-rtindex-stats"])["warnings"][0]
+    with rtindex.connect(served.url, api_key=served.admin_key) as remote:
+        assert "did you mean lang?" in remote.sql("SELECT LANG FROM w").warnings[0]
+        assert remote.sql("SELECT lang FROM w").warnings == []
