@@ -10,6 +10,8 @@ loop keeps receiving other requests' bytes meanwhile.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import uuid
 from typing import Any
@@ -364,5 +366,11 @@ def build_app(db: rtindex.Database, config: ServerConfig):
         Route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", wrap(svc.rockset_docs), methods=["POST"]),
         Route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", wrap(svc.rockset_patch), methods=["PATCH"]),
     ]
-    app = Starlette(routes=routes)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.create_task(metrics.sample_forever(db))
+        yield
+        task.cancel()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
     return WriteBudget(app, config)

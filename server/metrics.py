@@ -9,6 +9,7 @@ process the kernel hands the connection to.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -57,6 +58,17 @@ def observe_db(db) -> None:
     if "lag" in stats:
         READER_LAG_ROWS.labels(pid).set(stats["lag"]["rows"])
         READER_LAG_MS.labels(pid).set(stats["lag"]["ms"])
+
+
+async def sample_forever(db, every: float = 1.0) -> None:
+    """``observe_db`` once a second, in every process that has a database (the ingest
+    process's row cache is on /metrics too), until cancelled."""
+    while True:
+        try:
+            observe_db(db)
+        except Exception:  # a closing database: the next sample is the next process's
+            pass
+        await asyncio.sleep(every)
 
 
 def exposition() -> bytes:

@@ -14,6 +14,7 @@ Layers, outermost first (all pure ASGI but the last):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -296,16 +297,9 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
     keys = KeyStore(config.data)
     relay = Relay(config.ingest_socket, config.limits.max_body_bytes)
 
-    async def sampler():
-        while True:
-            try:
-                metrics.observe_db(db)
-            except Exception:  # a closing database: the next sample is the next process's
-                pass
-            await asyncio.sleep(1.0)
-
+    @contextlib.asynccontextmanager
     async def lifespan(app):
-        task = asyncio.create_task(sampler())
+        task = asyncio.create_task(metrics.sample_forever(db))
         yield
         task.cancel()
         await relay.aclose()

@@ -273,6 +273,8 @@ def test_metrics_and_health(served, admin):
                  "rtindex_reader_lag_ms", "rtindex_row_cache", "rtindex_query_staleness_seconds_bucket"):
         assert name in text, name
     assert 'route="/v1/query"' in text
+    for pid in served.children()["ingest"] + served.children()["query"]:  # every process samples its own
+        assert f'rtindex_row_cache{{counter="hits",pid="{pid}"}}' in text, pid
     h = httpx.get(served.url + "/healthz").json()
     assert h["status"] == "ok" and h["ingest"] == "ok"
 
