@@ -272,3 +272,41 @@ def test_scans_of_a_growing_unsealed_segment_stay_right(tmp_path):
         assert old.scan([("x", "int")]).column("x:int").to_pylist() == list(range(total))
         c.delete(3)
         assert db.sql(sql, access="scan").rows()[0]["n"] == total + 5 - 1
+
+
+def test_integer_sums_are_64_bit_ints_and_a_sum_beyond_says_so(engine):
+    """DuckDB sums integers into HUGEINT, which Arrow carries as decimal128(38, 0): Python
+    Decimals and an object column in pandas. They come out as int64 instead, in run() and
+    stream() alike; an explicit DECIMAL stays one; a sum beyond 64 bits is a clear error."""
+    t = pa.table({"k": ["a", "b", "a"], "v": pa.array([1, 2, 3], pa.int64())})
+    sql = 'SELECT k, SUM(v) AS "s""um", CAST(SUM(v) AS DECIMAL(38, 0)) AS d FROM t GROUP BY k ORDER BY k'
+    out = engine.run(sql, {"t": t})
+    assert out.schema.field('s"um').type == pa.int64() and out.schema.field("d").type == pa.decimal128(38, 0)
+    assert out.column('s"um').to_pylist() == [4, 2]
+    assert engine.stream(sql, {"t": t}).read_all().equals(out)
+    big = pa.table({"v": pa.array([2**63 - 1, 1], pa.int64())})
+    with pytest.raises(SqlError, match="out of range"):
+        engine.run("SELECT SUM(v) AS s FROM t", {"t": big})
+    assert engine.run("SELECT CAST(SUM(v) AS DOUBLE) AS s FROM t", {"t": big}).column("s").to_pylist() == [2.0**63]
+
+
+def test_a_script_that_never_closes_its_database_exits_quietly(tmp_path):
+    """DuckDB objects alive at interpreter shutdown made its bindings print "nanobind:
+    leaked N instances!"; open engines are closed at exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    import rtindex
+
+    with rtindex.open(str(tmp_path / "db")) as db:
+        db.create_collection("c", shards=1).ingest([{"k": "a", "v": 1}])
+    script = textwrap.dedent("""
+        import sys, rtindex
+        db = rtindex.open(sys.argv[1], role="reader")  # its follower thread holds the engine until exit
+        print(db.sql("SELECT k, SUM(v) AS s FROM c GROUP BY k").rows())
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "db")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout == "[{'k': 'a', 's': 1}]\n", out
+    assert "leaked" not in out.stderr, out.stderr

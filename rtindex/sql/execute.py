@@ -9,7 +9,9 @@ reach the network, load extensions, attach databases or change settings.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Iterator
@@ -85,6 +87,7 @@ class DuckEngine:
         # SQL text -> its one checked SELECT statement: the SQL layer runs the same few texts
         # over and over, and parsing one again costs as much as a small query's execution
         self._checked: OrderedDict[str, duckdb.Statement] = OrderedDict()
+        _OPEN.add(self)
 
     def run(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None,
             max_bytes: int | None = None, query: QueryContext | None = None) -> pa.Table:
@@ -171,7 +174,7 @@ class DuckEngine:
             cursor.register(name, table)  # a view over memory: no external access needed
         # sql() on the checked statement runs exactly what was checked, and its
         # relation hands Arrow over without the copy a DB-API result makes.
-        return cursor.sql(statement, params=None if params is None else dict(params))
+        return _hugeint_as_bigint(cursor.sql(statement, params=None if params is None else dict(params)))
 
     def _error(self, e: Exception, sql: str, query: QueryContext | None = None) -> RtindexError:
         """DuckDB's error about the generated ``sql``, told about the user's query: its
@@ -211,7 +214,33 @@ class DuckEngine:
                 for cursor in self._running:
                     cursor.interrupt()
                 self._cond.wait(0.01)
+            self._checked.clear()
         con.close()
+
+
+# DuckDB objects still alive when the interpreter shuts down make its bindings print
+# "nanobind: leaked N instances!" at exit: what a script that never called db.close() got.
+_OPEN: weakref.WeakSet[DuckEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for engine in list(_OPEN):
+        engine.close()
+
+
+def _hugeint_as_bigint(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
+    """DuckDB sums integers into 128-bit HUGEINTs, which Arrow carries as decimal128(38, 0):
+    a Python Decimal per value, and an object column in pandas, where a user expects the
+    ints a SUM of ints is. So HUGEINT columns come out as BIGINT; a value beyond 64 bits is
+    a conversion error naming the column (CAST the sum to DOUBLE or DECIMAL(38, 0) to keep it)."""
+    types = [str(t) for t in relation.types]
+    if "HUGEINT" not in types:
+        return relation
+    quote = '"'
+    return relation.project(", ".join(
+        f"CAST(#{i} AS BIGINT) AS {quote}{name.replace(quote, quote * 2)}{quote}" if t == "HUGEINT" else f"#{i}"
+        for i, (name, t) in enumerate(zip(relation.columns, types), 1)))
 
 
 def _one_select(cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statement:
