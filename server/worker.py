@@ -36,9 +36,14 @@ def tune_runtime(role: str) -> None:
     - A query process switches threads every 1 ms instead of 5: while a query runs in a
       worker thread, the event loop (429s, relayed writes, small queries) waits for the
       GIL at most that long.
+    - pyarrow imports pandas the first time ``pa.array`` converts Python values (its pandas
+      shim): 270 ms that the first query of each process paid. Done here, before the freeze.
     """
     import gc
 
+    import pyarrow as pa
+
+    pa.array([0])
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
