@@ -27,7 +27,7 @@ class Segment:
     runs once the last reader state that refers to it is gone."""
 
     __slots__ = ("segid", "base", "n", "live", "file", "column_keys", "column_set", "block_keys", "term_memo",
-                 "merged_into", "_live_offsets", "__weakref__")
+                 "tags_memo", "merged_into", "_live_offsets", "__weakref__")
 
     def __init__(self, segid: int, file: SegmentFile):
         self.segid = segid
@@ -40,6 +40,7 @@ class Segment:
         # first term of each postings block, sorted: a lookup bisects it and reads one block
         self.block_keys = file.block_keys
         self.term_memo: dict[bytes, bool] = {}  # column key -> has terms (see Shard.has_terms)
+        self.tags_memo: dict[bytes, frozenset[int]] = {}  # path key -> its column type tags (Shard.column_tags)
         # the segment a merge turned this one into: a reader still holding this one keeps the
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None

@@ -208,11 +208,15 @@ class Shard:
         raise CorruptionError(f"shard {self.index} of {self.path}: rows {row_ids[:5]} are visible in the index "
                               f"but missing from the row store")
 
-    def column_tags(self, view: View, path_key: bytes) -> set[int]:
+    def column_tags(self, view: View, path_key: bytes) -> frozenset[int] | set[int]:
         """Type tags with a column-store value for the encoded path in ``view`` (array
         elements and object markers are indexed terms, not columns)."""
-        if isinstance(view.seg, Segment):
-            return {ck[-1] for ck in view.seg.column_keys if ck[:-1] == path_key}
+        if isinstance(view.seg, Segment):  # immutable: worked out once per path (every query asks)
+            tags = view.seg.tags_memo.get(path_key)
+            if tags is None:
+                tags = view.seg.tags_memo[path_key] = frozenset(
+                    tag for tag in keys.TAG_NAMES if path_key + bytes((tag,)) in view.seg.column_set)
+            return tags
         b = view.seg.builder
         with self._reading(view):
             return {tag for tag in columns.ARROW_TYPES if b.column_size(path_key + bytes((tag,)), view.limit)}

@@ -97,6 +97,18 @@ def test_warnings_for_a_field_no_document_has(db, t):
     assert db.sql("SELECT anything FROM empty").warnings == []  # no documents: nothing is a typo yet
 
 
+def test_warnings_are_worked_out_again_when_documents_arrive(db, t):
+    """They are remembered per query text until rows are written (every query asked the
+    column store about every field it names: a quarter of a selective query's time)."""
+    assert "did you mean lang?" in db.sql("SELECT LANG FROM t").warnings[0]
+    assert "did you mean lang?" in db.sql("SELECT LANG FROM t").warnings[0]  # remembered
+    t.ingest([{"_id": 3, "LANG": "de"}])
+    assert db.sql("SELECT LANG FROM t").warnings == []
+    t.flush()  # sealed segments answer from their own memo
+    assert db.sql("SELECT LANG FROM t").warnings == []
+    assert "the field LANGS" in db.sql("SELECT LANGS FROM t").warnings[0]
+
+
 def test_a_warning_for_where_on_an_output_alias(db, t):
     res = db.sql("SELECT k * 2 AS twice FROM t WHERE twice > 1")
     assert res.rows() == [] and "output alias twice" in res.warnings[0] and "HAVING" in res.warnings[0]

@@ -32,7 +32,7 @@ from rtindex.errors import NotFoundError, ResultTooLargeError, SqlError
 from rtindex.result import Result
 from rtindex.rowcache import DECODED_BYTES_PER_JSON_BYTE, copy_json
 from rtindex.segments import OverBudget
-from rtindex.sql import frames, messages
+from rtindex.sql import frames, messages, typed
 from rtindex.sql import predicates as P
 from rtindex.sql.execute import DuckEngine, OutputTooLarge
 from rtindex.sql.multi import MultiExecution, access_of, reference_lines
@@ -50,6 +50,7 @@ ROW_COST = 8.0
 COLUMN_COST = 0.035
 SCAN_OVERHEAD = 400.0
 ACCESS = ("index", "scan")
+WARNINGS_MEMO = 1024  # query texts whose warnings are remembered (SqlEngine.warnings_memo)
 # rows of an index-path result measured to estimate its size before it is fetched in full
 SAMPLE_ROWS = 16
 # up to this many matched rows, the kinds of values a mixed field holds in them are read from
@@ -108,6 +109,9 @@ class SqlEngine:
         self._lookup = lookup
         self.max_result_bytes = max_result_bytes  # None: no budget (see ResultTooLargeError)
         self._plans = PlanCache()
+        # (collection, SQL text) -> (rows written per shard when worked out, Result.warnings):
+        # whether a field exists changes only when documents arrive, and every query asks
+        self.warnings_memo: dict[tuple[str, str], tuple[tuple[int, ...], list[str]]] = {}
         self._duck: DuckEngine | None = None
         self._lock = threading.Lock()
 
@@ -190,6 +194,9 @@ class _Execution:
         self.timings: dict[str, float] = {}  # seconds per stage: plan, fetch or scan, duckdb
         self.types: dict[tuple[str, ...], list[int]] = {}
         self._mixing: dict[tuple[str, ...], str | None] | None = None  # of a plain projection's fields
+        # the frame columns a DuckDB text compares (typed.compared): this query's, or, when this
+        # execution reads a frame for a query over several collections, that query's (set by it)
+        self.outer_compared: frozenset[str] | None = None
 
     # -- parameters -----------------------------------------------------------------
     def bind(self, operand: P.Operand) -> Any:
@@ -343,7 +350,7 @@ class _Execution:
         frame = self.frame(docs)
         t1 = time.perf_counter()
         self.timings["fetch"] = t1 - t0
-        text, params = self.duck_text(plan), self.duck_params()
+        text, params = self.duck_text(plan, frame_types=typed.columns_of(frame.schema)), self.duck_params()
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
             frame = self.frame(self.snap.fetch(self.rows, copy=False))
@@ -369,8 +376,9 @@ class _Execution:
         over the fields they use, so the matched documents stay in memory (as the row cache's
         shared objects) while the batches are read."""
         docs = self.snap.fetch(self.rows, copy=False)
-        out = self.engine.duck().run(self.duck_text(self.plan), {"frame": self.frame(docs)}, self.duck_params(),
-                                     query=self.names())
+        frame = self.frame(docs)
+        out = self.engine.duck().run(self.duck_text(self.plan, frame_types=typed.columns_of(frame.schema)),
+                                     {"frame": frame}, self.duck_params(), query=self.names())
 
         def chunks() -> Iterator[list[dict]]:
             for batch in out.to_batches(batch_rows):
@@ -409,14 +417,22 @@ class _Execution:
                 out[path] = frames.mixing(*P.IndexEvaluator(self.snap, self.bind).kinds(path, kinds, self.rows))
         return out
 
+    def compared(self) -> frozenset[str]:
+        """The frame columns the DuckDB text compares: a mixed one gets shadow columns (typed)."""
+        return self.outer_compared if self.outer_compared is not None else typed.compared(self.q.duck_sql)
+
     def frame(self, docs: list[dict]) -> pa.Table:
-        """The table DuckDB reads on the index path: the fields the query uses, and ``__pos``,
-        each row's position in ``docs`` (also: a frame needs one column)."""
-        names = list(self.q.fields.values()) + ["__pos"]
-        cols = [frames.nulls_typed(frames.column(frames.values(docs, path), path), self.column_tags(path))
-                for path in self.q.fields]
-        cols.append(pa.array(np.arange(len(docs), dtype=np.int64)))
-        return frames.table(names, cols)
+        """The table DuckDB reads on the index path: the fields the query uses (with the shadow
+        columns of those mixed ones it compares), and ``__pos``, each row's position in
+        ``docs`` (also: a frame needs one column)."""
+        compared = self.compared()
+        named: list[tuple[str, pa.Array]] = []
+        for path, name in self.q.fields.items():
+            vals = frames.values(docs, path)
+            col = frames.nulls_typed(frames.column(vals, path), self.column_tags(path))
+            named.extend(typed.with_shadows(name, vals, col, compared))
+        named.append(("__pos", pa.array(np.arange(len(docs), dtype=np.int64))))
+        return frames.table([n for n, _ in named], [c for _, c in named])
 
     def star_rows(self, out: pa.Table | pa.RecordBatch, docs: list[dict], copy: bool) -> list[dict]:
         """``SELECT *, <expressions>`` rows: the documents at ``out``'s ``__pos``, plus its other columns."""
@@ -437,7 +453,21 @@ class _Execution:
         return Result(columns, access=self.plan.access, refused=error, stream=stream)
 
     def warnings(self) -> list[str]:
-        """Result.warnings: fields no document of the collection has (messages.query_warnings)."""
+        """Result.warnings: fields no document of the collection has (messages.query_warnings).
+
+        Worked out again only when rows were written since (per shard ``next_row_id``): a
+        field that deletes alone made disappear is noticed at the next write."""
+        key, written = (self.q.collection, self.q.sql), tuple(st.next_row_id for st in self.snap.states)
+        memo = self.engine.warnings_memo.get(key)
+        if memo is not None and memo[0] == written:
+            return list(memo[1])
+        found = self._warnings()
+        if len(self.engine.warnings_memo) >= WARNINGS_MEMO:
+            self.engine.warnings_memo.clear()
+        self.engine.warnings_memo[key] = (written, found)
+        return list(found)
+
+    def _warnings(self) -> list[str]:
         if not self.snap.count():
             return []
         used = list(self.q.fields) + [leaf.path for leaf in self.leaves]
@@ -471,18 +501,15 @@ class _Execution:
                 out[name] = P.check_value(v, self.q.sql, op.position)
         return out
 
-    def duck_text(self, plan: Plan, kinds: dict | None = None) -> str:
+    def duck_text(self, plan: Plan, kinds: dict | None = None, frame_types: dict | None = None) -> str:
         """The DuckDB statement of this execution (frame = the scan's CTE on the scan path;
-        ``kinds``: the :meth:`scan_kinds` of its mixed fields, else typed by the collection)."""
+        ``kinds``: the :meth:`scan_kinds` of its mixed fields, else typed by the collection;
+        ``frame_types``: typed.columns_of the index path's frame, to apply rule 2 over it)."""
         q = self.q
-        text = q.duck_sql
         limit, offset = self.limits()
-        if limit is not None:
-            text += f" LIMIT {int(limit)}"
-        if offset:
-            text += f" OFFSET {int(offset)}"
+        tail = (f" LIMIT {int(limit)}" if limit is not None else "") + (f" OFFSET {int(offset)}" if offset else "")
         if plan.access != "scan":
-            return text
+            return self.typed_text(frame_types or {}) + tail
         self._scan_cols: dict[tuple[tuple[str, ...], int], str] = {}
         specs = []
         for path in dict.fromkeys(list(q.fields) + [leaf.path for leaf in self.leaves]):
@@ -492,9 +519,19 @@ class _Execution:
                 specs.append((path, keys.TAG_NAMES[tag]))
         self._scan_specs = specs
         selects = []
+        compared = self.compared()
+        frame_types: dict[str, str | None] = {}
         for path, fname in q.fields.items():
             cols = {tag: f'"{c}"' for (p, tag), c in self._scan_cols.items() if p == path}
-            selects.append(f'{frames.value_sql(*(kinds or {}).get(path, (cols, False)))} AS "{fname}"')
+            present, big = (kinds or {}).get(path, (cols, False))
+            selects.append(f'{frames.value_sql(present, big)} AS "{fname}"')
+            how = frames.mixing(set(present) - {keys.ARRAY, keys.OBJECT}, big)
+            if how == frames.TEXT and fname in compared:  # rule 2 in DuckDB: shadow columns (typed)
+                frame_types[fname] = typed.MIXED
+                selects.extend(f'{sql} AS "{typed.shadow(fname, fam)}"'
+                               for fam, sql in typed.scan_shadows(present).items())
+            else:
+                frame_types[fname] = typed.NUM if how == frames.DOUBLE else typed.family_of_tags(present)
         where = ""
         self._scan_params: dict[str, Any] = {}
         self._scan_where = ""
@@ -505,7 +542,14 @@ class _Execution:
             where = " WHERE " + self._scan_where
             self._scan_params = comp.params
         inner = ", ".join(selects) if selects else "1 AS __one"
-        return f'WITH "frame" AS (SELECT {inner} FROM "scan"{where}) {text}'
+        return f'WITH "frame" AS (SELECT {inner} FROM "scan"{where}) {self.typed_text(frame_types)}{tail}'
+
+    def typed_text(self, frame_types: dict[str, str | None]) -> str:
+        """This query's DuckDB text with rule 2 applied over its frame (typed.rewrite); a
+        frame read for a query over several collections is rewritten by that query instead."""
+        if self.outer_compared is not None:
+            return self.q.duck_sql
+        return typed.rewrite(self.q.duck_sql, {"frame": frame_types}, self.duck_params())
 
     def run_scan(self, plan: Plan) -> Result:
         t0 = time.perf_counter()

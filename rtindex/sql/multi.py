@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from rtindex.result import Result
-from rtindex.sql import frames
+from rtindex.sql import frames, typed
 from rtindex.sql import predicates as P
 from rtindex.sql.execute import OutputTooLarge
 from rtindex.sql.sources import MultiQuery, Reference, Source
@@ -36,6 +36,7 @@ class _FrameEngine:
     def __init__(self, engine: SqlEngine):
         self._lookup = engine._lookup
         self.duck = engine.duck
+        self.warnings_memo = engine.warnings_memo
 
 
 class MultiExecution:
@@ -47,10 +48,12 @@ class MultiExecution:
         self.q = q
         self.runs: list[_Execution] = []
         home: dict[int, int] = {}
+        compared = typed.compared(q.duck_sql)  # a mixed field it compares gets shadow columns (typed)
         for i, src in enumerate(q.sources):
             # masks are computed on posting lists: such a collection is read by the index path
             forced = "index" if src.masks else access
             self.runs.append(_Execution(_FrameEngine(engine), q.source_query(src, dict(src.fields)), params, forced))
+            self.runs[-1].outer_compared = compared
             home.update((id(ref), i) for ref in src.references)
         for candidates, path, fallback in q.unresolved:  # unqualified, in a SELECT over several
             where = list(dict.fromkeys(home[id(ref)] for ref in candidates))
@@ -75,11 +78,12 @@ class MultiExecution:
         duck = self.engine.duck()
         budget = self.engine.max_result_bytes
         access = access_of(plans)
+        text = typed.rewrite(self.q.duck_sql, {name: typed.columns_of(t.schema) for name, t in tables.items()}, params)
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
-            return duck.stream(self.q.duck_sql, tables, params, batch_rows)
+            return duck.stream(text, tables, params, batch_rows)
         try:
-            out = duck.run(self.q.duck_sql, tables, params, budget)
+            out = duck.run(text, tables, params, budget)
         except OutputTooLarge as e:
             from rtindex.errors import ResultTooLargeError
             error = ResultTooLargeError(e.rows, e.nbytes, budget, estimated=False, sql=self.q.sql)
@@ -107,8 +111,12 @@ class MultiExecution:
                     paths.setdefault((k,), k)
         for path, name in run.q.fields.items():
             paths.setdefault(path, name)
-        names = list(paths.values())
-        cols = [frames.column(frames.values(docs, path), path) for path in paths]
+        compared = run.compared()
+        named: list[tuple[str, pa.Array]] = []
+        for path, name in paths.items():
+            vals = frames.values(docs, path)
+            named.extend(typed.with_shadows(name, vals, frames.column(vals, path), compared))
+        names, cols = [n for n, _ in named], [c for _, c in named]
         if src.masks:
             evaluator = P.IndexEvaluator(run.snap, run.bind)
             for name, part in src.masks.items():

@@ -213,9 +213,13 @@ class _GeneralParser(_Parser):
         while select is not None:
             for ref in self.scope_refs(select):
                 table = ref.collection.rpartition(".")[2]
+                if ref.alias != table:  # FROM coll AS a: only a names it (as in SQL), so an outer coll is reachable
+                    if parts and parts[0] == ref.alias:
+                        return ref, 1
+                    continue
                 if len(parts) >= 2 and collection_name(parts[0], parts[1]) == ref.collection:
                     return ref, 2
-                if parts and (parts[0] == ref.alias or parts[0] in (ref.collection, table)):
+                if parts and parts[0] in (ref.alias, ref.collection):
                     return ref, 1
             select = select.find_ancestor(exp.Select)
         return None

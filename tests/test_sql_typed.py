@@ -1,0 +1,105 @@
+"""Rule 2 (typed comparisons, docs/sql.md) where DuckDB evaluates a condition over a field
+of mixed types (rtindex/sql/typed.py): a residual, a comparison with a parameter, two mixed
+fields, on both access paths. The oracles are the index (which answers ``v op :c`` by rule
+2 itself) and rule 2 written out in Python."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rtindex
+
+ACCESS = ("index", "scan")
+OPS = {"=": operator.eq, "<>": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+       ">=": operator.ge}
+SCALARS = st.one_of(st.integers(-3, 3), st.sampled_from([0.5, 2.0, -1.5]), st.sampled_from(["", "a", "b", "7", "ab"]),
+                    st.booleans())
+VALUES = st.one_of(SCALARS, st.none())
+# a conjunct the index cannot answer, FALSE on every row (s is always a short string): it
+# makes the comparison beside it a residual without changing its truth
+NEVER = "length(s) > 100"
+
+
+def family(v) -> str | None:
+    """Rule 2's family of a JSON value (None: null)."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "num"
+    return "text" if isinstance(v, str) else None
+
+
+def rule2(a, op: str, b) -> bool | None:
+    """``a op b`` by rule 2: values of one family compare, anything else is UNKNOWN."""
+    if family(a) is None or family(a) != family(b):
+        return None
+    return OPS[op](a, b)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    with rtindex.open(str(tmp_path_factory.mktemp("typed") / "db")) as db:
+        yield db
+
+
+_names = itertools.count()
+
+
+def collection(db, rows: list[dict]) -> str:
+    name = f"t{next(_names)}"
+    db.create_collection(name, shards=1).ingest([{"_id": i, "s": "x", **r} for i, r in enumerate(rows)])
+    return name
+
+
+def ids(db, sql: str, params=None, access: str = "index") -> list:
+    res = db.sql(sql, params, access=access)
+    assert res.access == access
+    return sorted(r["_id"] for r in res.rows())
+
+
+@pytest.mark.parametrize("access", ACCESS)
+@pytest.mark.parametrize(("value", "expected"), [(7, [1]), (7.0, [1]), ("7", [2]), (True, [3]), (None, [])])
+def test_a_parameter_compares_with_its_own_family(db, access, value, expected):
+    name = collection(db, [{"v": "x"}, {"v": 7}, {"v": "7"}, {"v": True}, {"v": None}])
+    assert ids(db, f"SELECT _id FROM {name} WHERE v = :p OR {NEVER}", {"p": value}, access) == expected
+    assert ids(db, f"SELECT _id FROM {name} WHERE v IS NOT DISTINCT FROM ?", [value], access) == (
+        [4] if value is None else expected)
+
+
+@pytest.mark.parametrize("access", ACCESS)
+def test_outputs_keep_the_text_column_and_one_type_is_untouched(db, access):
+    name = collection(db, [{"v": 7, "k": 7}, {"v": "7", "k": 8}])
+    res = db.sql(f"SELECT v, k FROM {name} WHERE v = k OR {NEVER} ORDER BY k", access=access)
+    assert res.rows() == [{"v": "7", "k": 7}]
+    # k holds ints only: DuckDB compares it as it always did (no shadow columns)
+    assert "__" not in db.explain(f"SELECT k FROM {name} WHERE k > 7 OR {NEVER}", access=access).duckdb_sql
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(VALUES, min_size=1, max_size=8), op=st.sampled_from(sorted(OPS)), const=SCALARS)
+def test_a_residual_comparison_agrees_with_the_index(db, values, op, const):
+    name = collection(db, [{"v": v} for v in values])
+    for negate in ("", "NOT "):
+        expected = ids(db, f"SELECT _id FROM {name} WHERE {negate}v {op} :c", {"c": const})  # the index's rule 2
+        for access in ACCESS:
+            sql = f"SELECT _id FROM {name} WHERE {negate}(v {op} :c OR {NEVER})"
+            assert ids(db, sql, {"c": const}, access) == expected, (sql, access)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=st.lists(st.tuples(VALUES, VALUES), min_size=1, max_size=8), op=st.sampled_from(sorted(OPS)))
+def test_two_mixed_fields_compare_by_rule_2(db, pairs, op):
+    name = collection(db, [{"a": a, "b": b} for a, b in pairs])
+    truth = [rule2(a, op, b) for a, b in pairs]
+    for access in ACCESS:
+        assert ids(db, f"SELECT _id FROM {name} WHERE a {op} b", access=access) == [
+            i for i, t in enumerate(truth) if t is True]
+        assert ids(db, f"SELECT _id FROM {name} WHERE NOT (a {op} b)", access=access) == [
+            i for i, t in enumerate(truth) if t is False]
+        same = [i for i, (a, b) in enumerate(pairs) if (a is None and b is None) or rule2(a, "=", b) is True]
+        assert ids(db, f"SELECT _id FROM {name} WHERE a IS NOT DISTINCT FROM b", access=access) == same
