@@ -207,6 +207,14 @@ def test_errors_carry_a_position(fruit):
         fruit.sql("SELECT * FROM nope")
 
 
+@pytest.mark.parametrize("sql", ["SELECT n FROM fruit TABLESAMPLE 10%", "SELECT COUNT(*) AS c FROM fruit TABLESAMPLE 1 ROWS",
+                                 "SELECT n FROM fruit USING SAMPLE 10%"])
+def test_sampling_is_refused_not_ignored(fruit, sql):
+    """TABLESAMPLE on a collection was dropped without a word: every row came back."""
+    with pytest.raises(UnsupportedSqlError, match="SAMPLE"):
+        fruit.sql(sql)
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT * FROM read_csv('/etc/passwd')",
     "SELECT * FROM read_text('/etc/passwd')",

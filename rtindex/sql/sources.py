@@ -154,6 +154,8 @@ class _GeneralParser(_Parser):
                 for arg in ("into", "locks", "sample", "connect", "match"):
                     if node.args.get(arg):
                         raise self.unsupported(arg.upper(), node)
+            if isinstance(node, exp.TableSample):  # never dropped silently: every row would come back
+                raise self.unsupported("sampling (TABLESAMPLE): a query reads every row it selects", node)
             if isinstance(node, (exp.Lateral, exp.Pivot, exp.Command)):
                 raise self.unsupported(node.key.upper(), node)
             if isinstance(node, exp.Table):
