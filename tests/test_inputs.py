@@ -495,13 +495,19 @@ def test_by_default_a_bar_shows_on_a_terminal_once_the_work_takes_a_while(tmp_pa
 
 
 # -- Ctrl-C ------------------------------------------------------------------------------------
+# A Python started by a shell's background job (CI under nohup, `cmd &`) inherits SIGINT
+# ignored, and then Ctrl-C does nothing at all; these scripts stand in for one started at a
+# terminal, where Python's own handler is installed.
+INTERACTIVE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def test_ctrl_c_stops_between_batches_and_says_what_was_stored(tmp_path):
-    script = textwrap.dedent("""
+    script = INTERACTIVE_SIGINT + textwrap.dedent("""
         import itertools, sys, rtindex
         with rtindex.open(sys.argv[1]) as db:
             c = db.create_collection("c", shards=2)
             def docs():
-                for i in itertools.count():
+                for i in range(10_000_000):
                     if i == 3000:
                         print("ready", flush=True)
                     yield {"_id": i, "v": "x" * 100}
@@ -510,10 +516,14 @@ def test_ctrl_c_stops_between_batches_and_says_what_was_stored(tmp_path):
     path = str(tmp_path / "db")
     proc = subprocess.Popen([sys.executable, "-c", script, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    assert proc.stdout.readline() == "ready\n"
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.communicate()
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     m = re.search(r"ingest into collection 'c' was interrupted; the (\d+) documents it had stored stay stored", err)
     assert m, err
@@ -573,7 +583,7 @@ def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_ingest(tmp_path):
     """A KeyboardInterrupt raised where the GC runs a __del__ is printed and dropped by
     Python; an endless input then went on forever (seen once under load). The press is
     remembered, and the end of the next batch raises it."""
-    script = textwrap.dedent("""
+    script = INTERACTIVE_SIGINT + textwrap.dedent("""
         import os, signal, sys, rtindex
         sys.unraisablehook = lambda u: print("dropped:", type(u.exc_value).__name__, flush=True)
         class Finalizer:
