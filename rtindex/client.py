@@ -520,12 +520,7 @@ class RemoteCollection:
             raise
         finally:
             bar.close()
-        stats.ids = [doc_id for doc_id, _ in written.values()]
-        stats.n = len(written)
-        stats.bytes = sum(n for _, n in written.values())
-        stats.errors.sort(key=lambda e: e.index)
-        stats.replaced.sort()
-        stats.seconds = time.perf_counter() - t0
+        stats._tally(written, t0)
         stats._settle(errors, stacklevel=4)
         return stats
 

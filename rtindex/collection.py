@@ -51,6 +51,18 @@ class IngestStats:
         return (f"IngestStats(n={self.n}, bytes={self.bytes}, seconds={self.seconds:.3f}, "
                 f"errors={len(self.errors)})")
 
+    def _tally(self, written: dict[Any, tuple[Any, int]], t0: float) -> None:
+        """``n``, ``ids`` and ``bytes`` from ``written`` (id key -> (_id, size of its stored
+        version); a dict keeps the first insertion's position when a key is assigned again),
+        errors and replacements in input order, and the seconds since ``t0``: the end of an
+        ingest, embedded (Collection) or over HTTP (RemoteCollection)."""
+        self.ids = [doc_id for doc_id, _ in written.values()]
+        self.n = len(written)
+        self.bytes = sum(size for _, size in written.values())
+        self.errors.sort(key=lambda e: e.index)
+        self.replaced.sort()
+        self.seconds = time.perf_counter() - t0
+
     def _settle(self, errors: str, stacklevel: int) -> None:
         """Act on failed documents as ``errors`` says (see Collection.ingest); ``stacklevel``
         makes the warning point at the caller of ``ingest()``."""
@@ -213,13 +225,8 @@ class Collection:
             raise
         finally:
             bar.close()
-        # a dict keeps the first insertion's position when a key is assigned again
-        stats.ids = [doc_id for doc_id, _ in written.values()]
-        stats.n = len(written)
-        stats.bytes = sum(size for _, size in written.values())
-        stats.replaced.sort()
         stats.fence = self.fence()
-        stats.seconds = time.perf_counter() - t0
+        stats._tally(written, t0)
         stats._settle(errors, stacklevel=4)  # _settle < _ingest < ingest < the caller
         return stats
 

@@ -245,6 +245,12 @@ class _Parser:
         self.placeholders.append(node)
         return P.Param(key, self.position(node))
 
+    def duck_placeholder(self, node: exp.Placeholder) -> exp.Placeholder:
+        """The user's parameter as the next $p<i> of the DuckDB text (``duck_params``)."""
+        name = f"p{len(self.duck_params)}"
+        self.duck_params[name] = self.param(node)
+        return exp.Placeholder(this=name)
+
     # -- WHERE ---------------------------------------------------------------------
     def predicate(self, node: exp.Expression) -> P.Pred:
         if isinstance(node, exp.Paren):
@@ -350,10 +356,7 @@ class _Parser:
         """Field references -> frame columns; placeholders -> $p<i> DuckDB parameters."""
         def fix(n: exp.Expression) -> exp.Expression:
             if isinstance(n, exp.Placeholder):
-                param = self.param(n)
-                name = f"p{len(self.duck_params)}"
-                self.duck_params[name] = param
-                return exp.Placeholder(this=name)
+                return self.duck_placeholder(n)
             if isinstance(n, exp.Column) and len(n.parts) == 1 and n.name in aliases:
                 return n
             name = _time_function(n)

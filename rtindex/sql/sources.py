@@ -331,10 +331,7 @@ class _GeneralParser(_Parser):
         """Fields -> frame columns, placeholders -> DuckDB parameters, time functions -> DuckDB."""
         def fix(n: exp.Expression) -> exp.Expression:
             if isinstance(n, exp.Placeholder):
-                param = self.param(n)
-                name = f"p{len(self.duck_params)}"
-                self.duck_params[name] = param
-                return exp.Placeholder(this=name)
+                return self.duck_placeholder(n)
             name = _time_function(n)
             if name is not None:  # its argument is rewritten while it still sits in the tree
                 return _duck_time_function(name, n.expressions[0].transform(fix, copy=False))
