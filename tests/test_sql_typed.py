@@ -103,3 +103,47 @@ def test_two_mixed_fields_compare_by_rule_2(db, pairs, op):
             i for i, t in enumerate(truth) if t is False]
         same = [i for i, (a, b) in enumerate(pairs) if (a is None and b is None) or rule2(a, "=", b) is True]
         assert ids(db, f"SELECT _id FROM {name} WHERE a IS NOT DISTINCT FROM b", access=access) == same
+
+
+@pytest.mark.parametrize("access", ACCESS)
+@pytest.mark.parametrize("sql", ["SELECT _id FROM {t} WHERE k = 1 AND v > w",
+                                 "SELECT _id FROM {t} a WHERE v > (SELECT MIN(w) FROM {t} b WHERE b.k = a.k)"])
+def test_explain_shows_the_text_duckdb_runs(db, access, sql):
+    # EXPLAIN's DuckDB line is the text after rule 2's rewrite (the mixed v compared through
+    # its numeric shadow column), the same text the query's own Result.plan reports
+    name = collection(db, [{"k": i % 2, "v": i if i % 3 else str(i), "w": i / 2} for i in range(12)])
+    sql = sql.format(t=name)
+    plan = db.explain(sql, access=access)
+    assert '"__num:' in plan.duckdb_sql
+    res = db.sql(sql, access=access)
+    assert res.plan.duckdb_sql == plan.duckdb_sql
+    assert f"DuckDB: {plan.duckdb_sql}" in str(plan)
+
+
+# v: ints, and strings that are not numbers where i % 3 == 0; w = i / 2; k = i % 2
+MIXED_ROWS = [{"k": i % 2, "v": i if i % 3 else f"{i}x", "w": i / 2} for i in range(12)]
+
+
+@pytest.mark.parametrize("access", ACCESS)
+@pytest.mark.parametrize(("sql", "expected"), [
+    # the other operand's family from an aggregate's argument: MIN(w) is a number
+    ("SELECT _id FROM {t} a WHERE v > (SELECT MIN(w) FROM {t} b WHERE b.k = a.k)", [1, 2, 4, 5, 7, 8, 10, 11]),
+    # from a CASE whose results are all numbers
+    ("SELECT _id FROM {t} WHERE v > CASE WHEN k = 1 THEN w ELSE 2 END", [1, 4, 5, 7, 8, 10, 11]),
+    # from a CTE's column, by the expression it outputs
+    ("WITH c AS (SELECT w + 1 AS z FROM {t}) SELECT _id FROM {t} WHERE v > (SELECT MAX(z) FROM c)", [7, 8, 10, 11]),
+    ("SELECT _id FROM {t}, (SELECT 4 AS n) d WHERE v < d.n", [1, 2]),
+])
+def test_the_other_operands_family_is_found_through_expressions(db, access, sql, expected):
+    name = collection(db, MIXED_ROWS)
+    assert ids(db, sql.format(t=name), access=access) == expected
+
+
+@pytest.mark.parametrize("access", ACCESS)
+def test_a_mixed_field_passed_on_by_a_cte_is_an_error_that_says_so(db, access):
+    # the CTE passes v's text column without its shadow columns: rule 2 cannot apply, and
+    # DuckDB's own error is translated (it is never compared as text silently)
+    name = collection(db, MIXED_ROWS)
+    with pytest.raises(rtindex.SqlError, match="several types") as err:
+        db.sql(f"SELECT _id FROM (SELECT _id, v AS vv FROM {name}) d WHERE vv > 3", access=access)
+    assert "INTEGER_LITERAL" not in str(err.value)

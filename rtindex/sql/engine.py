@@ -148,7 +148,7 @@ class SqlEngine:
         plans = run.plans()
         run.timings["plan"] = time.perf_counter() - t0
         res = run.run(plans)
-        res.plan = _multi_plan(q, plans)
+        res.plan = _multi_plan(plans, run.duckdb_sql)
         res.warnings = [w for source_run in run.runs for w in source_run.warnings()]
         res.timings = run.timings
         res.seconds = time.perf_counter() - t0
@@ -161,11 +161,14 @@ class SqlEngine:
             plans = run.plans(explain=True)
             for src, source_run, plan in zip(q.sources, run.runs, plans):
                 plan.references = reference_lines(source_run, plan, src.references)
-            return _multi_plan(q, plans)
+            return _multi_plan(plans, run.duck_text(run.frames(plans)))  # typed over the frames: they are read
         run = _Execution(self, q, params, access)
         plan = run.choose(explain=True)
-        if plan.access == "scan" or q.plain is None:
-            plan.duckdb_sql = run.duck_text(plan)
+        # the text DuckDB would run: typed by the rows the path reads (rule 2), so they are read
+        if plan.access == "scan":
+            plan.duckdb_sql = run.scan_text(plan)[0]
+        elif q.plain is None:
+            plan.duckdb_sql = run.index_text(plan, run.frame(run.snap.fetch(run.rows, copy=False)))
         return plan
 
 
@@ -350,7 +353,8 @@ class _Execution:
         frame = self.frame(docs)
         t1 = time.perf_counter()
         self.timings["fetch"] = t1 - t0
-        text, params = self.duck_text(plan, frame_types=typed.columns_of(frame.schema)), self.duck_params()
+        text, params = self.index_text(plan, frame), self.duck_params()
+        plan.duckdb_sql = text
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
             frame = self.frame(self.snap.fetch(self.rows, copy=False))
@@ -377,7 +381,7 @@ class _Execution:
         shared objects) while the batches are read."""
         docs = self.snap.fetch(self.rows, copy=False)
         frame = self.frame(docs)
-        out = self.engine.duck().run(self.duck_text(self.plan, frame_types=typed.columns_of(frame.schema)),
+        out = self.engine.duck().run(self.index_text(self.plan, frame),
                                      {"frame": frame}, self.duck_params(), query=self.names())
 
         def chunks() -> Iterator[list[dict]]:
@@ -530,6 +534,8 @@ class _Execution:
                 frame_types[fname] = typed.MIXED
                 selects.extend(f'{sql} AS "{typed.shadow(fname, fam)}"'
                                for fam, sql in typed.scan_shadows(present).items())
+            elif how == frames.TEXT:
+                frame_types[fname] = typed.MIXED_TEXT
             else:
                 frame_types[fname] = typed.NUM if how == frames.DOUBLE else typed.family_of_tags(present)
         where = ""
@@ -541,8 +547,13 @@ class _Execution:
             self._scan_where = comp.compile(q.where)
             where = " WHERE " + self._scan_where
             self._scan_params = comp.params
+        self.scan_frame_types = frame_types
         inner = ", ".join(selects) if selects else "1 AS __one"
         return f'WITH "frame" AS (SELECT {inner} FROM "scan"{where}) {self.typed_text(frame_types)}{tail}'
+
+    def index_text(self, plan: Plan, frame: pa.Table) -> str:
+        """The index path's DuckDB text, typed over the frame it reads."""
+        return self.duck_text(plan, frame_types=typed.columns_of(frame.schema))
 
     def typed_text(self, frame_types: dict[str, str | None]) -> str:
         """This query's DuckDB text with rule 2 applied over its frame (typed.rewrite); a
@@ -551,24 +562,29 @@ class _Execution:
             return self.q.duck_sql
         return typed.rewrite(self.q.duck_sql, {"frame": frame_types}, self.duck_params())
 
+    def scan_text(self, plan: Plan) -> tuple[str, pa.Table]:
+        """The column scan, and the DuckDB text over it, its mixed fields typed by the rows
+        WHERE selects (scan_kinds)."""
+        text = self.duck_text(plan)
+        table = self.scan()
+        kinds = self.scan_kinds(table)
+        return (self.duck_text(plan, kinds) if kinds else text), table
+
+    def scan(self) -> pa.Table:
+        """The columns duck_text's scan reads, named as it names them."""
+        table = self.snap.scan(self._scan_specs)
+        return table.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(self._scan_specs))])
+
     def run_scan(self, plan: Plan) -> Result:
         t0 = time.perf_counter()
-        text = self.duck_text(plan)
-        specs = self._scan_specs
+        text, table = self.scan_text(plan)
+        plan.duckdb_sql = text
         params = {**self.duck_params(), **self._scan_params}
 
-        def scan() -> pa.Table:
-            table = self.snap.scan(specs)
-            return table.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(specs))])
-
         def stream(batch_rows: int) -> pa.RecordBatchReader:
-            return self.engine.duck().stream(text, {"scan": scan()}, params, batch_rows, query=self.names())
-        table = scan()
+            return self.engine.duck().stream(text, {"scan": self.scan()}, params, batch_rows, query=self.names())
         t1 = time.perf_counter()
         self.timings["scan"] = t1 - t0
-        kinds = self.scan_kinds(table)
-        if kinds:
-            text = self.duck_text(plan, kinds)
         try:
             out = self.engine.duck().run(text, {"scan": table}, params, self.engine.max_result_bytes,
                                          query=self.names())
@@ -633,9 +649,9 @@ class _NamedParams:
             raise SqlError(f"no value for parameter :{key}", self.sql) from None
 
 
-def _multi_plan(q: MultiQuery, plans: list[Plan]) -> Plan:
+def _multi_plan(plans: list[Plan], duckdb_sql: str) -> Plan:
     return Plan(", ".join(p.collection for p in plans), access_of(plans), "each collection read once, into a frame",
-                sum(p.total_rows for p in plans), None, sources=plans, duckdb_sql=q.duck_sql)
+                sum(p.total_rows for p in plans), None, sources=plans, duckdb_sql=duckdb_sql)
 
 
 def pred_text(p: P.Pred, bind) -> str:

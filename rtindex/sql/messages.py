@@ -126,6 +126,10 @@ def duckdb_error(line: str, names: Mapping[str, str]) -> str:
         body += ": add it to GROUP BY, or use it inside an aggregate such as MIN or MAX"
     elif kind == "Conversion" and "Could not convert" in body:
         body += ": use TRY_CAST to get NULL where a value does not convert"
+    elif "Cannot compare values of type" in body:
+        body = re.sub(r"\b(\w+)_LITERAL\b", r"\1", body.removesuffix(" - an explicit cast is required")) + (
+            ": a field that holds values of several types is text where rtindex cannot tell what it is compared "
+            "with (docs/sql.md, Types and comparisons); CAST or TRY_CAST one side")
     elif "No function matches" in body:
         body += ": CAST the arguments to the types the function takes"
     # the phase that failed means nothing to a user (Binder); a resource or permission does

@@ -61,6 +61,7 @@ class MultiExecution:
             for i in holding or (where[:1] if fallback else []):
                 self.runs[i].q.fields.setdefault(path, ".".join(path))
         self.timings: dict[str, float] = {}
+        self.duckdb_sql: str | None = None  # the text run() gave DuckDB
 
     def plans(self, explain: bool = False) -> list[Plan]:
         plans = [run.choose(explain=explain) for run in self.runs]
@@ -69,16 +70,25 @@ class MultiExecution:
                 plan.reason = "references with different index parts: their union, a mask per reference"
         return plans
 
+    def frames(self, plans: list[Plan]) -> dict[str, pa.Table]:
+        """The frame of each collection, by the name the DuckDB text reads it as."""
+        return {src.frame: self.frame(run, plan, src) for src, run, plan in zip(self.q.sources, self.runs, plans)}
+
+    def duck_text(self, tables: dict[str, pa.Table]) -> str:
+        """The DuckDB text with rule 2 applied over these frames (typed.rewrite)."""
+        return typed.rewrite(self.q.duck_sql, {name: typed.columns_of(t.schema) for name, t in tables.items()},
+                             self.duck_params())
+
     def run(self, plans: list[Plan]) -> Result:
         t0 = time.perf_counter()
-        tables = {src.frame: self.frame(run, plan, src) for src, run, plan in zip(self.q.sources, self.runs, plans)}
+        tables = self.frames(plans)
         t1 = time.perf_counter()
         self.timings["fetch"] = t1 - t0
         params = self.duck_params()
         duck = self.engine.duck()
         budget = self.engine.max_result_bytes
         access = access_of(plans)
-        text = typed.rewrite(self.q.duck_sql, {name: typed.columns_of(t.schema) for name, t in tables.items()}, params)
+        text = self.duckdb_sql = self.duck_text(tables)
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
             return duck.stream(text, tables, params, batch_rows)
@@ -101,8 +111,11 @@ class MultiExecution:
     def frame(self, run: _Execution, plan: Plan, src: Source) -> pa.Table:
         """The frame of one collection: its rows the access path read, as Arrow columns."""
         run.plan = plan
-        if plan.access == "scan":
-            return run.run_scan(plan).arrow()
+        if plan.access == "scan":  # a mixed field's text column is large_string, as on the index path
+            table = run.run_scan(plan).arrow()
+            return table.cast(pa.schema([f.with_type(pa.large_string())
+                                         if run.scan_frame_types.get(f.name) == typed.MIXED_TEXT else f
+                                         for f in table.schema]))
         docs = run.snap.fetch(run.rows, copy=False)  # shared, read-only: only read into Arrow
         paths: dict[tuple[str, ...], str] = {}
         if src.star:  # every top-level field, in order of first appearance (as SELECT * shows them)

@@ -17,8 +17,10 @@ another family change, to UNKNOWN (DuckDB alone would cast ``'7'`` to 7, or fail
 
 The family of the other operand is read from the text: literals, parameters (by their
 bound value), frame columns (by their Arrow type), CASTs, arithmetic, string and numeric
-functions, a subquery's one column. An operand of unknown family (a CTE's column, a CASE)
-leaves the comparison as DuckDB types it.
+functions, MIN/MAX and the like of a column, CASE and COALESCE whose results share a
+family, a subquery's one column, a CTE's or a derived table's column (by the expression
+it outputs). An operand of unknown family (a CASE of mixed results, a recursive CTE's
+column, a mixed field passed on by a CTE) leaves the comparison as DuckDB types it.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ from rtindex.sql import frames as F
 NUM, TEXT, BOOL = "num", "text", "bool"
 FAMILIES = (NUM, TEXT, BOOL)
 MIXED = "mixed"  # a frame column with shadow columns
+MIXED_TEXT = "mixed-text"  # a frame column of a mixed field without them (not compared): its text
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE)
 _NULL_SAFE = (exp.NullSafeEQ, exp.NullSafeNEQ)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod)
 _NUMERIC_FUNCTIONS = (exp.Length, exp.Count, exp.ApproxDistinct)
 _NUMERIC_OF_NUMERIC = (exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Sum, exp.Avg, exp.Neg)
+_OF_ITS_ARGUMENT = (exp.Min, exp.Max, exp.AnyValue, exp.First, exp.Last)  # a value of the column
 _TEXT_FUNCTIONS = (exp.Lower, exp.Upper, exp.Concat, exp.DPipe, exp.Substring, exp.Trim)
 # where a bare column is a condition
 _CONDITIONS = (exp.Where, exp.Having, exp.Not, exp.And, exp.Or)
@@ -112,10 +116,13 @@ def family_of_type(t: pa.DataType) -> str | None:
 
 
 def columns_of(schema: pa.Schema) -> dict[str, str | None]:
-    """Frame column -> its family, or MIXED when the frame has its shadow columns."""
+    """Frame column -> its family, MIXED when the frame has its shadow columns, or MIXED_TEXT
+    for a mixed field's text column without them."""
     names = set(schema.names)
     shadows = {shadow(n, f) for n in names for f in FAMILIES}
-    return {f.name: MIXED if shadow(f.name, TEXT) in names else family_of_type(f.type)
+    # only a mixed field's column is large_string (frames.column)
+    return {f.name: MIXED if shadow(f.name, TEXT) in names else
+            MIXED_TEXT if pa.types.is_large_string(f.type) else family_of_type(f.type)
             for f in schema if f.name not in shadows}
 
 
@@ -219,6 +226,48 @@ class _Rewriter:
             select = select.find_ancestor(exp.Select)
         return None
 
+    def passes_mixed(self, output: exp.Expression) -> bool:
+        """Whether a CTE's or derived table's output is a mixed field's column, as it is."""
+        output = _unparen(output)
+        if not isinstance(output, exp.Column):
+            return False
+        found = self.frame_of(output)
+        if found is not None:
+            return self.frames[found[0]][found[1]] in (MIXED, MIXED_TEXT)
+        inner = self.derived_output(output)
+        return inner is None or self.passes_mixed(inner)
+
+    def derived_output(self, col: exp.Column) -> exp.Expression | None:
+        """The expression a column of a CTE or a derived table reads (its output of that name),
+        searching the FROM items of its SELECT and those around it; None for a recursive CTE."""
+        name, table = col.name, col.table
+        select = col.find_ancestor(exp.Select)
+        while select is not None:
+            for item in _items(select):
+                if table and item.alias_or_name != table:
+                    continue
+                query = item.this if isinstance(item, exp.Subquery) else self.cte(item)
+                if isinstance(query, exp.Select):
+                    if any(cte.this is query for cte in _ancestors(col, exp.CTE)):
+                        return None  # a CTE that reads itself
+                    for out in query.expressions:
+                        if out.alias_or_name == name and not isinstance(out, exp.Star):
+                            return out.unalias()
+            select = select.find_ancestor(exp.Select)
+        return None
+
+    @staticmethod
+    def cte(item: exp.Expression) -> exp.Expression | None:
+        """The query of the CTE a FROM item names (None: not a CTE)."""
+        if not isinstance(item, exp.Table) or item.text("db"):
+            return None
+        for node in _ancestors(item, exp.Expression):
+            with_ = node.args.get("with_") or node.args.get("with")
+            for cte in with_.expressions if with_ is not None else ():
+                if cte.alias == item.name:
+                    return cte.this
+        return None
+
     def frame_table(self, item: exp.Expression) -> str | None:
         """The frame a FROM item reads: a frame table, or ``(SELECT * FROM frame ...)`` (a mask's
         subquery: its rows of the frame, every column)."""
@@ -241,7 +290,13 @@ class _Rewriter:
             return self.params.get(str(node.this))
         if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
             found = self.frame_of(node)
-            return self.frames[found[0]][found[1]] if found is not None else None
+            if found is not None:
+                fam = self.frames[found[0]][found[1]]
+                return TEXT if fam == MIXED_TEXT else fam
+            output = self.derived_output(node)
+            if output is None or self.passes_mixed(output):  # a mixed field passed on has no shadows
+                return None
+            return self.family(output)
         if isinstance(node, (exp.Cast, exp.TryCast)):
             to = node.args.get("to")
             if to is None:
@@ -259,6 +314,15 @@ class _Rewriter:
             return NUM if self.family(node.this) == NUM else None
         if isinstance(node, _TEXT_FUNCTIONS):
             return TEXT
+        if isinstance(node, _OF_ITS_ARGUMENT):  # over a mixed column: one of its text values
+            fam = self.family(node.this)
+            return TEXT if fam == MIXED else fam
+        if isinstance(node, (exp.Case, exp.Coalesce)):  # the family all its results share
+            results = ([i.args.get("true") for i in node.args.get("ifs") or []] + [node.args.get("default")]
+                       if isinstance(node, exp.Case) else [node.this, *node.expressions])
+            fams = {self.family(r) for r in results if r is not None and not isinstance(_unparen(r), exp.Null)}
+            fams = {TEXT if f == MIXED else f for f in fams}
+            return fams.pop() if len(fams) == 1 else None
         if isinstance(node, exp.Subquery):
             node = node.this
         if isinstance(node, exp.Select) and len(node.expressions) == 1:
@@ -389,6 +453,15 @@ class _Rewriter:
             star.set("except_", [*(star.args.get("except_") or []),
                                  *(exp.column(h, quoted=True) for h in dict.fromkeys(hidden))])
         return bool(hidden)
+
+
+def _ancestors(node: exp.Expression, kind: type) -> Iterator[exp.Expression]:
+    """The nodes of type ``kind`` above ``node``, nearest first."""
+    node = node.parent
+    while node is not None:
+        if isinstance(node, kind):
+            yield node
+        node = node.parent
 
 
 def _items(select: exp.Select) -> list[exp.Expression]:
