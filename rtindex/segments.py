@@ -9,7 +9,7 @@ deleted. Writers publish a new state per batch; readers take the current one and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -125,9 +125,13 @@ class ShardState:
 
     views: tuple[View, ...]
     next_row_id: int
+    live_rows: int = field(init=False)  # its count: every query's planner asks
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "live_rows", sum(v.n_live() for v in self.views))
 
     def count(self) -> int:
-        return sum(v.n_live() for v in self.views)
+        return self.live_rows
 
 
 @dataclass

@@ -126,8 +126,11 @@ class Snapshot:
         the writer has since sealed, masked, starts where the sealed segment does): their
         offsets name the same row ids, so they are united, never overwritten."""
         parts: dict[tuple[int, int], BitMap] = {}
+        shards = self._shards
         for i, v in self._views():
-            bm = rows_of(self._shards[i], v)
+            bm = rows_of(shards[i], v)
+            if not bm:  # (most views hold no row of a selective lookup)
+                continue
             k = (i, v.base)
             parts[k] = parts[k] | bm if k in parts else bm
         return Postings(self, parts)
@@ -144,6 +147,9 @@ class Snapshot:
         """
         p = keys.split_path(path)
         terms = [keys.term(p, tag, v) for tag, v in _typed(value)]
+        if len(terms) == 1:  # a string, a bool, null: one term (a number has one per numeric type)
+            term = terms[0]
+            return self._collect(lambda shard, v: shard.term(v, term))
         return self._collect(lambda shard, v: BitMap().union(*(shard.term(v, t) for t in terms)))
 
     def elements(self, path: Path, value: Any) -> Postings:
@@ -209,10 +215,13 @@ class Snapshot:
         if not prefixes:
             return Postings(self, {})
         markers = [keys.column_key(q, keys.ARRAY) for q in prefixes]
+        views = [(i, v) for i, v in self._views() if self._shards[i].has_arrays(v, markers)]
+        if not views:  # the common case: no array on the way in any sealed segment
+            return Postings(self, {})
 
         def rows_of(shard, v):
             if not shard.has_arrays(v, markers):
-                return BitMap()
+                return None
             return BitMap().union(*(shard.term(v, m) for m in markers))
         return self._collect(rows_of)
 

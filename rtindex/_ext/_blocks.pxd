@@ -52,7 +52,7 @@ cdef enum:
 
 
 cdef struct BlockView:
-    const unsigned char* p      # first byte of the block (owned by a bytes object held elsewhere)
+    const unsigned char* p      # first byte of the block (a buffer held elsewhere)
     Py_ssize_t size             # block length in bytes
     uint32_t n                  # entry count, >= 1
     Py_ssize_t table_end        # first byte after the offsets table (12 + 4n)
@@ -150,10 +150,17 @@ cdef class BlockWriter:
     cdef object _flush(self)
 
 
+cdef class _Pinned:
+    cdef Py_buffer view         # the block object's buffer, held until this object goes
+    cdef bint held
+    cdef const unsigned char* p
+    cdef Py_ssize_t size
+
+
 cdef class _Cursor:
     cdef CState s               # position, shift and deletes of one merge input
     cdef object it              # iterator over the input's blocks
-    cdef bytes block            # current block: owns the bytes s.v points into
+    cdef _Pinned block          # current block: holds the buffer s.v points into
     cdef object deleted         # the deleted BitMap (or None)
     cdef object darr            # array('I') backing s.dsorted (or None)
     cdef int load(self) except -1

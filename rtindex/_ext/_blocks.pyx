@@ -14,6 +14,7 @@ The writing side is plain C declared in ``_blocks.pxd`` (``_w_put``, ``_w_flush_
 """
 
 from cpython cimport array
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.object cimport Py_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
@@ -153,10 +154,6 @@ cdef int _load_raw(const unsigned char* p, uint32_t* out, Py_ssize_t k) noexcept
     return 0
 
 
-cdef inline bytes _as_bytes(object block):
-    if PyBytes_Check(block):
-        return <bytes>block
-    return bytes(memoryview(block))
 
 
 cdef inline int _check_term(object term) except -1:
@@ -168,16 +165,31 @@ cdef inline int _check_term(object term) except -1:
 # ---- reading ---------------------------------------------------------------------------
 
 
-cdef int _open(bytes b, BlockView* v) except -1:
-    """Validate the header of ``b`` and point ``v`` at it."""
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(b)
-    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(b)
+cdef class _Pinned:
+    """A block's bytes held in place (bytes, or a slice of a mapped segment file): copying a
+    16 KiB block cost more than the lookup in it. ``p`` stays valid while this object lives."""
+
+    def __cinit__(self, block):
+        PyObject_GetBuffer(block, &self.view, PyBUF_SIMPLE)
+        self.held = True
+        self.p = <const unsigned char*>self.view.buf
+        self.size = self.view.len
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+
+
+cdef int _open(_Pinned b, BlockView* v) except -1:
+    """Validate the header of ``b`` and point ``v`` at it (``b`` held while ``v`` is read)."""
+    cdef Py_ssize_t size = b.size
+    cdef const unsigned char* p = b.p
     cdef uint32_t n
     cdef int64_t table_end
     if size < 12:
         raise CorruptionError(f"term block of {size} bytes is too short")
     if rtb_ld32(p) != MAGIC:
-        raise CorruptionError(f"term block has a bad magic number {b[:4]!r}")
+        raise CorruptionError(f"term block has a bad magic number {PyBytes_FromStringAndSize(<const char*>p, 4)!r}")
     n = rtb_ld32(p + 4)
     if n == 0:
         raise CorruptionError("term block has no entries")
@@ -291,7 +303,7 @@ def block_get(block, term):
     cdef BlockView v
     cdef Entry e
     _check_term(term)
-    cdef bytes b = _as_bytes(block)
+    cdef _Pinned b = _Pinned(block)
     _open(b, &v)
     if not _find(&v, <bytes>term, &e):
         return None
@@ -304,7 +316,7 @@ def block_cardinality(block, term):
     cdef Entry e
     cdef uint32_t card
     _check_term(term)
-    cdef bytes b = _as_bytes(block)
+    cdef _Pinned b = _Pinned(block)
     _open(b, &v)
     if not _find(&v, <bytes>term, &e):
         return 0
@@ -348,7 +360,7 @@ def block_range(block, lo, hi):
         _check_term(lo)
     if hi is not None:
         _check_term(hi)
-    cdef bytes b = _as_bytes(block)
+    cdef _Pinned b = _Pinned(block)
     _open(b, &v)
     if lo is not None:
         start = _lower_bound(&v, <const unsigned char*>PyBytes_AS_STRING(lo), PyBytes_GET_SIZE(lo))
@@ -358,7 +370,7 @@ def block_range(block, lo, hi):
 def block_items(block):
     """Every (term, posting list) of ``block``, in term order."""
     cdef BlockView v
-    cdef bytes b = _as_bytes(block)
+    cdef _Pinned b = _Pinned(block)
     _open(b, &v)
     return _scan(&v, 0, None)
 
@@ -367,7 +379,7 @@ def block_first_last(block):
     """(first term, last term) of ``block``."""
     cdef BlockView v
     cdef Entry e
-    cdef bytes b = _as_bytes(block)
+    cdef _Pinned b = _Pinned(block)
     _open(b, &v)
     _entry_or_raise(&v, 0, &e)
     first = PyBytes_FromStringAndSize(<const char*>(v.p + e.ts), e.tlen)
@@ -719,7 +731,6 @@ cdef class _Cursor:
     cdef int load(self) except -1:
         """Move to the first entry of the next block, or set ``done``."""
         cdef BlockView v
-        cdef bytes b
         try:
             blk = next(self.it)
         except StopIteration:
@@ -727,9 +738,8 @@ cdef class _Cursor:
             self.s.v.p = NULL
             self.s.done = True
             return 0
-        b = _as_bytes(blk)
-        _open(b, &v)
-        self.block = b
+        self.block = _Pinned(blk)
+        _open(self.block, &v)
         self.s.v = v
         self.s.i = 0
         _entry_or_raise(&self.s.v, 0, &self.s.e)
