@@ -34,6 +34,7 @@ import pyarrow as pa
 from pyroaring import FrozenBitMap
 
 from rtindex import columns
+from rtindex._impl import TermIndex
 from rtindex.errors import CorruptionError, StorageError
 
 MAGIC = b"RTSEG\x00\x00\x01"
@@ -209,6 +210,10 @@ class SegmentFile:
         self._block_pos = pos
         self.column_keys = tuple(cols)
         self._col_pos = cols
+
+    def term_index(self) -> TermIndex:
+        """The term dictionary of this file, for point lookups (rtindex._impl.TermIndex)."""
+        return TermIndex(self._buf, self.block_keys, self._block_pos)
 
     def block(self, i: int) -> pa.Buffer:
         off, ln = self._block_pos[i]

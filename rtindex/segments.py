@@ -26,7 +26,7 @@ class Segment:
     """A sealed segment: a mapped file. Immutable; weak-referenceable so that its clean-up
     runs once the last reader state that refers to it is gone."""
 
-    __slots__ = ("segid", "base", "n", "live", "file", "column_keys", "column_set", "block_keys", "term_memo",
+    __slots__ = ("segid", "base", "n", "live", "file", "column_keys", "column_set", "block_keys", "terms", "term_memo",
                  "tags_memo", "merged_into", "_live_offsets", "__weakref__")
 
     def __init__(self, segid: int, file: SegmentFile):
@@ -37,8 +37,9 @@ class Segment:
         self.live = file.live  # offsets the segment holds (a merge drops deleted rows)
         self.column_keys = file.column_keys
         self.column_set = frozenset(file.column_keys)
-        # first term of each postings block, sorted: a lookup bisects it and reads one block
+        # first term of each postings block, sorted: a range lookup bisects it and reads blocks
         self.block_keys = file.block_keys
+        self.terms = file.term_index()  # point lookups, in one call
         self.term_memo: dict[bytes, bool] = {}  # column key -> has terms (see Shard.has_terms)
         self.tags_memo: dict[bytes, frozenset[int]] = {}  # path key -> its column type tags (Shard.column_tags)
         # the segment a merge turned this one into: a reader still holding this one keeps the

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import columns, keys
-from rtindex._impl import block_get, block_range
+from rtindex._impl import block_range
 from rtindex.errors import CorruptionError
 from rtindex.keys import u64
 from rtindex.rowcache import RowStoreCache, copy_json
@@ -116,9 +116,7 @@ class Shard:
     def term(self, view: View, term: bytes) -> BitMap:
         """Offsets of ``view``'s visible rows holding ``term``."""
         if isinstance(view.seg, Segment):
-            firsts = view.seg.block_keys
-            i = bisect.bisect_right(firsts, term) - 1
-            bm = block_get(view.seg.file.block(i), term) if i >= 0 else None
+            bm = view.seg.terms.get(term)
             if bm is None:
                 return BitMap()
         else:

@@ -150,6 +150,34 @@ def test_round_trip(M, entries, target, probes):
 
 @impls
 @SETTINGS
+@given(entries=entries_st(), target=targets_st, probes=st.lists(terms_st, max_size=10),
+       pad=st.integers(0, 5))
+def test_term_index_finds_what_brute_force_finds(M, entries, target, probes, pad):
+    # the blocks laid out back to back behind ``pad`` bytes, as in a segment file
+    blocks = build(M, entries, target)
+    data, positions = bytearray(b"x" * pad), []
+    for _, block in blocks:
+        positions.append((len(data), len(block)))
+        data += block
+    index = M.TermIndex(bytes(data), [f for f, _ in blocks], positions)
+    want = {t: BitMap(v) for t, v in entries}
+    for t in [t for t, _ in entries] + probes:
+        assert index.get(t) == want.get(t)
+
+
+@impls
+def test_term_index_refuses_blocks_outside_its_data(M):
+    blocks = build(M, [(b"a", [1])])
+    with pytest.raises(CorruptionError, match="outside"):
+        M.TermIndex(blocks[0][1], [b"a"], [(1, len(blocks[0][1]))])
+    with pytest.raises(ValueError, match="positions"):
+        M.TermIndex(blocks[0][1], [b"a"], [])
+    with pytest.raises(TypeError):
+        M.TermIndex(blocks[0][1], [b"a"], [(0, len(blocks[0][1]))]).get("a")
+
+
+@impls
+@SETTINGS
 @given(entries=entries_st(max_size=30), target=targets_st, data=st.data())
 def test_block_range_matches_brute_force(M, entries, target, data):
     blocks = build(M, entries, target)

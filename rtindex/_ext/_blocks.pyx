@@ -15,10 +15,11 @@ The writing side is plain C declared in ``_blocks.pxd`` (``_w_put``, ``_w_flush_
 
 from cpython cimport array
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport Py_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, qsort, realloc
+from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memcmp, memcpy, memset
 
 import array as _pyarray
@@ -32,6 +33,7 @@ from rtindex.errors import CorruptionError
 
 __all__ = [
     "BlockWriter",
+    "TermIndex",
     "block_cardinality",
     "block_first_last",
     "block_get",
@@ -182,8 +184,11 @@ cdef class _Pinned:
 
 cdef int _open(_Pinned b, BlockView* v) except -1:
     """Validate the header of ``b`` and point ``v`` at it (``b`` held while ``v`` is read)."""
-    cdef Py_ssize_t size = b.size
-    cdef const unsigned char* p = b.p
+    return _open_at(b.p, b.size, v)
+
+
+cdef int _open_at(const unsigned char* p, Py_ssize_t size, BlockView* v) except -1:
+    """Validate the header of the block of ``size`` bytes at ``p`` and point ``v`` at it."""
     cdef uint32_t n
     cdef int64_t table_end
     if size < 12:
@@ -308,6 +313,62 @@ def block_get(block, term):
     if not _find(&v, <bytes>term, &e):
         return None
     return _bitmap(&v, &e)
+
+
+cdef class TermIndex:
+    """A sealed segment's term dictionary, looked up in one call: the first term of each
+    block (bisected in C) and where each block lies in the segment's mapped file (held
+    pinned). A point lookup through Python (bisect, slice, block_get) cost a microsecond
+    per segment, and a query looks a term up in every segment of every shard."""
+
+    cdef _Pinned data
+    cdef list firsts
+    cdef uint64_t* pos  # offset and length of block i at pos[2i], pos[2i + 1]
+    cdef Py_ssize_t n
+
+    def __cinit__(self, data, firsts, positions):
+        cdef Py_ssize_t i
+        self.data = _Pinned(data)
+        self.firsts = list(firsts)
+        self.n = len(self.firsts)
+        if len(positions) != self.n:
+            raise ValueError(f"{self.n} first terms but {len(positions)} block positions")
+        self.pos = <uint64_t*>malloc(max(1, 2 * self.n) * sizeof(uint64_t))
+        if self.pos == NULL:
+            raise MemoryError()
+        for i in range(self.n):
+            _check_term(self.firsts[i])
+            off, ln = positions[i]
+            if off < 0 or ln < 0 or off + ln > self.data.size:
+                raise CorruptionError(f"term block {i} at {off}+{ln} lies outside the {self.data.size} bytes of its file")
+            self.pos[2 * i] = off
+            self.pos[2 * i + 1] = ln
+
+    def __dealloc__(self):
+        free(self.pos)
+
+    def get(self, term):
+        """The posting list of ``term``, or None when no block holds it."""
+        _check_term(term)
+        cdef const unsigned char* kp = <const unsigned char*>PyBytes_AS_STRING(term)
+        cdef Py_ssize_t klen = PyBytes_GET_SIZE(term)
+        cdef Py_ssize_t lo = 0, hi = self.n, mid
+        cdef object first
+        while lo < hi:  # the last block whose first term is <= term
+            mid = (lo + hi) >> 1
+            first = <object>PyList_GET_ITEM(self.firsts, mid)
+            if _cmp(kp, klen, <const unsigned char*>PyBytes_AS_STRING(first), PyBytes_GET_SIZE(first)) < 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == 0:
+            return None
+        cdef BlockView v
+        cdef Entry e
+        _open_at(self.data.p + self.pos[2 * (lo - 1)], <Py_ssize_t>self.pos[2 * (lo - 1) + 1], &v)
+        if not _find(&v, <bytes>term, &e):
+            return None
+        return _bitmap(&v, &e)
 
 
 def block_cardinality(block, term):

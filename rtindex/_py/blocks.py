@@ -33,6 +33,7 @@ lazy, so a damaged entry that is never probed goes unnoticed).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import struct
 import sys
@@ -308,6 +309,31 @@ def block_get(block: bytes, term: bytes) -> BitMap | None:
         return None
     _, _, kind, ps, pe = blk.entry(i)
     return blk.bitmap(kind, ps, pe)
+
+
+class TermIndex:
+    """A sealed segment's term dictionary: the first term of each block and where each
+    block lies in ``data`` (the segment file); :meth:`get` finds a term's posting list."""
+
+    def __init__(self, data, firsts, positions):
+        self._data = memoryview(data)
+        self._firsts = list(firsts)
+        self._pos = list(positions)
+        if len(self._pos) != len(self._firsts):
+            raise ValueError(f"{len(self._firsts)} first terms but {len(self._pos)} block positions")
+        for i, (first, (off, ln)) in enumerate(zip(self._firsts, self._pos)):
+            _check_term(first)
+            if off < 0 or ln < 0 or off + ln > len(self._data):
+                raise CorruptionError(f"term block {i} at {off}+{ln} lies outside the {len(self._data)} bytes of its file")
+
+    def get(self, term: bytes) -> BitMap | None:
+        """The posting list of ``term``, or None when no block holds it."""
+        _check_term(term)
+        i = bisect.bisect_right(self._firsts, term) - 1
+        if i < 0:
+            return None
+        off, ln = self._pos[i]
+        return block_get(bytes(self._data[off:off + ln]), term)
 
 
 def block_cardinality(block: bytes, term: bytes) -> int:
