@@ -127,12 +127,34 @@ class ShardState:
     views: tuple[View, ...]
     next_row_id: int
     live_rows: int = field(init=False)  # its count: every query's planner asks
+    _index: StateIndex | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "live_rows", sum(v.n_live() for v in self.views))
 
     def count(self) -> int:
         return self.live_rows
+
+    def index(self) -> StateIndex:
+        """What lookups need of this state, worked out on first use: a state serves every
+        query until the next write replaces it."""
+        if self._index is None:  # (racing threads build equal ones: either is right)
+            object.__setattr__(self, "_index", StateIndex(self.views))
+        return self._index
+
+
+class StateIndex:
+    """The views of a shard state with rows, split for lookups: the sealed ones with their
+    term indexes in one list (rtindex._impl.terms_get looks a term up in all of them in one
+    call) and the column keys any of them holds; the in-memory ones."""
+
+    __slots__ = ("sealed", "terms", "column_keys", "mem")
+
+    def __init__(self, views: tuple[View, ...]):
+        self.sealed = [v for v in views if isinstance(v.seg, Segment) and v.limit]
+        self.terms = [v.seg.terms for v in self.sealed]
+        self.column_keys = frozenset().union(*(v.seg.column_set for v in self.sealed))
+        self.mem = [v for v in views if not isinstance(v.seg, Segment) and v.limit]
 
 
 @dataclass

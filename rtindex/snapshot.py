@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from rtindex import columns, keys
+from rtindex._impl import terms_get
 from rtindex.documents import to_event_time
 from rtindex.errors import ClosedError
 from rtindex.rowcache import copy_json
@@ -146,11 +147,37 @@ class Snapshot:
         Numbers compare by value across int, float and timestamp; ``None`` finds JSON null.
         """
         p = keys.split_path(path)
-        terms = [keys.term(p, tag, v) for tag, v in _typed(value)]
-        if len(terms) == 1:  # a string, a bool, null: one term (a number has one per numeric type)
-            term = terms[0]
-            return self._collect(lambda shard, v: shard.term(v, term))
-        return self._collect(lambda shard, v: BitMap().union(*(shard.term(v, t) for t in terms)))
+        return Postings(self, self._term_parts([keys.term(p, tag, v) for tag, v in _typed(value)]))
+
+    def _term_parts(self, terms: list[bytes], where: list[bytes] | None = None) -> dict[tuple[int, int], BitMap]:
+        """Offsets of the rows holding any of ``terms``, per (shard, base) (Postings parts);
+        ``where``: column keys such that, in a view holding one of them, a hit counts only
+        if it also holds the term ``where[-1]`` (see :meth:`elements`). Sealed segments are
+        looked up in one compiled call per shard and term."""
+        self._check()
+        parts: dict[tuple[int, int], BitMap] = {}
+        for i, st in enumerate(self.states):
+            index = st.index()
+            found: dict[int, BitMap] = {}  # position in index.sealed -> hits
+            for term in terms:
+                for j, bm in enumerate(terms_get(index.terms, term)):
+                    if bm is not None:
+                        found[j] = found[j] | bm if j in found else bm
+            hits = [(index.sealed[j], bm) for j, bm in found.items()]
+            shard = self._shards[i]
+            for v in index.mem:
+                bm = BitMap().union(*(shard.term(v, t) for t in terms))
+                if bm:
+                    hits.append((v, bm))
+            for v, bm in hits:
+                if v.deleted:
+                    bm = bm - v.deleted
+                if where is not None and shard.has_columns(v, where[:-1]):
+                    bm &= shard.term(v, where[-1])
+                if bm:
+                    k = (i, v.base)
+                    parts[k] = parts[k] | bm if k in parts else bm
+        return parts
 
     def elements(self, path: Path, value: Any) -> Postings:
         """Rows where ``path`` holds an array with an element equal to ``value`` (elements of
@@ -163,14 +190,7 @@ class Snapshot:
         typed = _typed(value)
         terms = [keys.term(p, tag, v) for tag, v in typed]
         scalars = [keys.column_key(p, tag) for tag, _ in typed]
-        marker = keys.column_key(p, keys.ARRAY)
-
-        def rows_of(shard, v):
-            hits = BitMap().union(*(shard.term(v, t) for t in terms))
-            if hits and shard.has_columns(v, scalars):
-                hits &= shard.term(v, marker)
-            return hits
-        return self._collect(rows_of)
+        return Postings(self, self._term_parts(terms, where=scalars + [keys.column_key(p, keys.ARRAY)]))
 
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
               hi_inclusive: bool = False, budget: list[int] | None = None) -> Postings:
@@ -215,9 +235,9 @@ class Snapshot:
         if not prefixes:
             return Postings(self, {})
         markers = [keys.column_key(q, keys.ARRAY) for q in prefixes]
-        views = [(i, v) for i, v in self._views() if self._shards[i].has_arrays(v, markers)]
-        if not views:  # the common case: no array on the way in any sealed segment
-            return Postings(self, {})
+        if all(st.index().column_keys.isdisjoint(markers) and not st.index().mem for st in self.states):
+            self._check()
+            return Postings(self, {})  # the common case: no array on the way in any segment
 
         def rows_of(shard, v):
             if not shard.has_arrays(v, markers):

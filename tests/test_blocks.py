@@ -161,8 +161,10 @@ def test_term_index_finds_what_brute_force_finds(M, entries, target, probes, pad
         data += block
     index = M.TermIndex(bytes(data), [f for f, _ in blocks], positions)
     want = {t: BitMap(v) for t, v in entries}
+    empty = M.TermIndex(b"", [], [])
     for t in [t for t, _ in entries] + probes:
         assert index.get(t) == want.get(t)
+        assert M.terms_get([index, empty, index], t) == [want.get(t), None, want.get(t)]
 
 
 @impls

@@ -34,6 +34,7 @@ from rtindex.errors import CorruptionError
 __all__ = [
     "BlockWriter",
     "TermIndex",
+    "terms_get",
     "block_cardinality",
     "block_first_last",
     "block_get",
@@ -350,6 +351,9 @@ cdef class TermIndex:
     def get(self, term):
         """The posting list of ``term``, or None when no block holds it."""
         _check_term(term)
+        return self._get(<bytes>term)
+
+    cdef object _get(self, bytes term):
         cdef const unsigned char* kp = <const unsigned char*>PyBytes_AS_STRING(term)
         cdef Py_ssize_t klen = PyBytes_GET_SIZE(term)
         cdef Py_ssize_t lo = 0, hi = self.n, mid
@@ -369,6 +373,20 @@ cdef class TermIndex:
         if not _find(&v, <bytes>term, &e):
             return None
         return _bitmap(&v, &e)
+
+
+def terms_get(list indexes, term):
+    """``[index.get(term) for index in indexes]`` (TermIndex objects), in one call: a query
+    looks its term up in every sealed segment of a shard."""
+    _check_term(term)
+    cdef Py_ssize_t i, n = len(indexes)
+    cdef list out = [None] * n
+    cdef object bm
+    for i in range(n):
+        bm = (<TermIndex?>indexes[i])._get(<bytes>term)
+        if bm is not None:
+            out[i] = bm
+    return out
 
 
 def block_cardinality(block, term):

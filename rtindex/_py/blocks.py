@@ -336,6 +336,12 @@ class TermIndex:
         return block_get(bytes(self._data[off:off + ln]), term)
 
 
+def terms_get(indexes: list[TermIndex], term: bytes) -> list[BitMap | None]:
+    """``[index.get(term) for index in indexes]``."""
+    _check_term(term)
+    return [index.get(term) for index in indexes]
+
+
 def block_cardinality(block: bytes, term: bytes) -> int:
     """Length of ``term``'s posting list in ``block`` (0 when absent); builds no BitMap."""
     _check_term(term)
