@@ -59,12 +59,12 @@ class RowStoreCache:
         with self._lock:
             return next(self._uids)
 
-    def rows(self, shard_id: int, row_ids: np.ndarray,
-             read: Callable[[list[int]], list[bytes | None]]) -> list[dict | None]:
-        """The decoded rows of ``row_ids`` (uint64; None where there is none), from the cache
-        or, for misses, from ``read`` (RocksDB), which then fill the cache. The dicts are
-        shared with the cache: do not modify them."""
-        if not self.enabled or not len(row_ids) or int(row_ids.max()) > ROW_MAX:
+    def rows(self, shard_id: int, row_ids: np.ndarray, read: Callable[[list[int]], list[bytes | None]],
+             below: int) -> list[dict | None]:
+        """The decoded rows of ``row_ids`` (uint64, each less than ``below``; None where there
+        is none), from the cache or, for misses, from ``read`` (RocksDB), which then fill the
+        cache. The dicts are shared with the cache: do not modify them."""
+        if not self.enabled or not len(row_ids) or below - 1 > ROW_MAX and int(row_ids.max()) > ROW_MAX:
             return [orjson.loads(raw) if raw is not None else None for raw in read(row_ids.tolist())]
         keys = row_ids | np.uint64(shard_id << ROW_BITS)
         docs = self._lru.get_many(keys)

@@ -194,7 +194,7 @@ class Shard:
     def fetch(self, row_ids: np.ndarray) -> list[dict | None]:
         """Decoded rows (``row_ids`` a uint64 array) through the database's RowStoreCache:
         shared objects, read-only."""
-        return self._rows.rows(self._row_cache_id, row_ids, self._read_rows)
+        return self._rows.rows(self._row_cache_id, row_ids, self._read_rows, self.state.next_row_id)
 
     def _read_rows(self, row_ids: list[int]) -> list[bytes]:
         raws = self.store.multi_get("rows", [u64(r) for r in row_ids])

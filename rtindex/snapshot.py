@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 Path = str | Sequence[str]
 _NUMERIC_INT_TAGS = (keys.INT, keys.TIMESTAMP)
 _REPR_ROWS = 5  # how many (shard, row id) pairs repr(Postings) shows
+_FEW_ROWS = 16  # Postings.by_shard: up to this many offsets of a part, converted one by one
 
 
 class Postings:
@@ -93,8 +94,12 @@ class Postings:
         """Row ids per shard, increasing, as uint64 arrays."""
         parts: dict[int, list[np.ndarray]] = {}
         for (shard, base) in sorted(self._parts):
-            offs = np.frombuffer(self._parts[(shard, base)].to_array(), dtype=np.uint32)
-            parts.setdefault(shard, []).append(offs.astype(np.uint64) + np.uint64(base))
+            bm = self._parts[(shard, base)]
+            if len(bm) <= _FEW_ROWS:  # a selective lookup's: Python ints beat numpy's fixed costs
+                ids = np.array([base + o for o in bm], dtype=np.uint64)
+            else:
+                ids = np.frombuffer(bm.to_array(), dtype=np.uint32).astype(np.uint64) + np.uint64(base)
+            parts.setdefault(shard, []).append(ids)
         return {shard: (a[0] if len(a) == 1 else np.concatenate(a)) for shard, a in parts.items()}
 
 
