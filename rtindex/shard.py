@@ -227,18 +227,25 @@ class Shard:
         with self._reading(view):
             return view.seg.builder.column_keys()
 
-    def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
-        """(offsets, one array per column key) of the visible rows of ``view``."""
+    def scan_view(self, view: View, colkeys: list[bytes], rows: BitMap | None = None) -> tuple[pa.Array, list[pa.Array]]:
+        """(offsets, one array per column key) of the visible rows of ``view``; ``rows``: only
+        those of these offsets (the rows an index lookup matched: "add fields" from the
+        column store instead of whole documents)."""
         if isinstance(view.seg, Segment):
             live = view.seg.live
             cols = []
             for ck in colkeys:
-                arr = view.seg.file.column(ck)
+                arr = view.seg.column(ck)
                 cols.append(arr if arr is not None else columns.nulls(ck[-1], len(live)))
                 if len(cols[-1]) != len(live):
                     raise CorruptionError(f"shard {self.index}: column chunk of the wrong length in segment "
                                           f"{view.seg.segid} ({view.seg.file.path})")
             offsets = view.seg.live_offsets
+            if rows is not None:  # a chunk holds one value per live offset: take at their ranks
+                wanted = pa.array(np.frombuffer(((rows & live) - view.deleted).to_array(), dtype=np.uint32))
+                at = wanted if view.seg.live_dense else pa.array(
+                    np.searchsorted(offsets.to_numpy(zero_copy_only=True), wanted.to_numpy()))
+                return wanted, [c.take(at) for c in cols]
             if view.deleted:
                 keep = keep_mask(live, view.deleted)
                 offsets = offsets.filter(keep)
@@ -255,6 +262,11 @@ class Shard:
             by_key[ck] = (offs, view.seg.arrow_values(ck, vals))
         cols = [columns.dense(ck[-1], *by_key[ck], n) if ck in by_key else columns.nulls(ck[-1], n) for ck in colkeys]
         offsets = pa.array(np.arange(n, dtype=np.uint32))
+        if rows is not None:
+            held = BitMap(rows) - view.deleted
+            held.remove_range(n, 1 << 32)  # offsets this view does not show yet
+            wanted = pa.array(np.frombuffer(held.to_array(), dtype=np.uint32))
+            return wanted, [c.take(wanted) for c in cols]
         if view.deleted:
             keep = keep_mask(FrozenBitMap(range(n)), view.deleted)
             offsets = offsets.filter(keep)

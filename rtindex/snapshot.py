@@ -300,17 +300,26 @@ class Snapshot:
                 paths.update(path[:n] for n in range(1, len(path) + 1))
         return paths
 
-    def scan(self, specs: Sequence[tuple[Path, str]]) -> pa.Table:
-        """Columns of every visible row: ``specs`` lists (path, type name) pairs.
+    def scan(self, specs: Sequence[tuple[Path, str]], rows: Postings | None = None) -> pa.Table:
+        """Columns of every visible row, or of ``rows``: ``specs`` lists (path, type name) pairs.
 
         The table has ``_shard`` and ``_row_id`` and one column per spec named
         ``"<dotted path>:<type>"``; a row without a value of that path and type is null.
+        With ``rows`` (what an index lookup matched), the values are taken from the column
+        store at those rows: the fields a query needs without reading whole documents.
         """
         colkeys = [keys.column_key(keys.split_path(p), keys.TAGS_BY_NAME[t]) for p, t in specs]
         names = [f"{'.'.join(keys.split_path(p))}:{t}" for p, t in specs]
+        if rows is not None and rows._snap is not self:
+            raise ValueError("rows of another snapshot")
         batches = []
         for i, v in self._views():
-            offsets, cols = self._shards[i].scan_view(v, colkeys)
+            if rows is None:
+                offsets, cols = self._shards[i].scan_view(v, colkeys)
+            elif (i, v.base) in rows._parts:
+                offsets, cols = self._shards[i].scan_view(v, colkeys, rows._parts[(i, v.base)])
+            else:
+                continue
             rids = pc.add(offsets.cast(pa.uint64()), pa.scalar(v.base, pa.uint64()))
             shard = pa.array(np.full(len(offsets), i, dtype=np.uint16))
             batches.append(pa.record_batch([shard, rids, *cols], names=["_shard", "_row_id", *names]))

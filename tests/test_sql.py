@@ -257,7 +257,9 @@ def test_explain_shows_the_choice_and_numbers(db):
     assert plan.access == "index" and plan.matched_rows == 50 and plan.total_rows == 5000
     assert plan.predicates == [("k = 5", 50)]
     text = str(plan)
-    assert "index path" in text and "50 rows" in text and "DuckDB: SELECT" in text
+    assert "index path" in text and "50 rows" in text and "DuckDB: WITH" in text
+    # the index path reads v from the column store at the 50 matched rows, not whole documents
+    assert plan.by_column and "fields: read from the column store at the matched rows" in text
     wide = db.explain("SELECT SUM(v) FROM big WHERE v >= 0")
     assert wide.access == "scan" and "DuckDB: WITH" in str(wide)
     assert db.sql("SELECT SUM(v) AS s FROM big WHERE v >= 0").rows() == [{"s": sum(range(5000))}]

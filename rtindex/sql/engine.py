@@ -21,7 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence  # (typing's isinstance is slow)
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -72,6 +73,7 @@ class Plan:
     scan_cost_us: float | None = None
     duckdb_sql: str | None = None
     residual: str | None = None  # the part of WHERE the index does not answer: DuckDB evaluates it
+    by_column: bool = False  # index path: the fields are read from the column store at the matched rows
     # a query over collection references: the plan of each collection it reads, and lines
     # on its references (index part, residual, estimated rows)
     sources: list[Plan] = field(default_factory=list)
@@ -91,6 +93,8 @@ class Plan:
             lines.append(f"  rows matched by the index: {self.matched_rows}")
         for text, n in self.predicates:
             lines.append(f"  predicate {text}: {'over the term budget' if n is None else f'{n} rows'}")
+        if self.by_column:
+            lines.append("  fields: read from the column store at the matched rows")
         if self.residual is not None:
             lines.append(f"  residual (DuckDB): {self.residual}")
         if self.index_cost_us is not None:
@@ -165,7 +169,8 @@ class SqlEngine:
         run = _Execution(self, q, params, access)
         plan = run.choose(explain=True)
         # the text DuckDB would run: typed by the rows the path reads (rule 2), so they are read
-        if plan.access == "scan":
+        run.plan = plan
+        if plan.access == "scan" or run.columnar():
             plan.duckdb_sql = run.scan_text(plan)[0]
         elif q.plain is None:
             plan.duckdb_sql = run.index_text(plan, run.frame(run.snap.fetch(run.rows, copy=False)))
@@ -194,6 +199,9 @@ class _Execution:
             raise SqlError(f"no collection {q.collection!r}", q.sql) from None
         self.snap: Snapshot = coll.snapshot()
         self.rows = None  # Postings of the index path, once computed
+        # the index path's matched rows when the fields a query needs are read from the column
+        # store at them (add fields by column: no whole documents), else None
+        self.narrowed: Postings | None = None
         self.timings: dict[str, float] = {}  # seconds per stage: plan, fetch or scan, duckdb
         self.types: dict[tuple[str, ...], list[int]] = {}
         self._mixing: dict[tuple[str, ...], str | None] | None = None  # of a plain projection's fields
@@ -260,6 +268,7 @@ class _Execution:
             plan.scan_cost_us = total * ncols * COLUMN_COST + SCAN_OVERHEAD
             if self.forced is not None:
                 access, plan.reason = self.forced, f"access={self.forced!r} requested"
+        self.blocker = blocker
         if access != "scan":
             if q.where is None:
                 self.rows = self.snap.all()
@@ -308,8 +317,23 @@ class _Execution:
     def run_index(self, plan: Plan) -> Result:
         """The index path. Under a budget (``max_result_bytes``) the size of what it builds is
         estimated from a sample before the rest is fetched, and DuckDB's output is measured
-        as it comes; a result over the budget comes back unbuilt (see :meth:`refused`)."""
-        return self.run_plain() if self.q.plain is not None else self.run_index_duck(plan)
+        as it comes; a result over the budget comes back unbuilt (see :meth:`refused`).
+
+        A query DuckDB finishes reads the fields it needs from the column store at the
+        matched rows when the column scan could read them (no arrays, objects or SELECT *):
+        the scan path's statement over fewer rows, so the values are typed the same way."""
+        if self.q.plain is not None:
+            return self.run_plain()
+        if self.columnar():
+            return self.run_scan(plan)
+        return self.run_index_duck(plan)
+
+    def columnar(self) -> bool:
+        """Whether the index path reads its fields by column (sets ``narrowed``, see run_index)."""
+        if self.q.plain is None and not self.q.star and self.blocker is None and self.plan.access == "index":
+            self.narrowed = self.rows
+            self.plan.by_column = True
+        return self.narrowed is not None
 
     def run_plain(self) -> Result:
         """Documents or a plain projection: the rows are built right here, without DuckDB."""
@@ -512,7 +536,7 @@ class _Execution:
         q = self.q
         limit, offset = self.limits()
         tail = (f" LIMIT {int(limit)}" if limit is not None else "") + (f" OFFSET {int(offset)}" if offset else "")
-        if plan.access != "scan":
+        if plan.access != "scan" and self.narrowed is None:
             return self.typed_text(frame_types or {}) + tail
         self._scan_cols: dict[tuple[tuple[str, ...], int], str] = {}
         specs = []
@@ -541,7 +565,7 @@ class _Execution:
         where = ""
         self._scan_params: dict[str, Any] = {}
         self._scan_where = ""
-        if q.where is not None:
+        if q.where is not None and self.narrowed is None:  # (narrowed: the index applied it)
             comp = P.ScanCompiler(lambda p, t: f'"{self._scan_cols[(p, t)]}"' if (p, t) in self._scan_cols else None,
                                   self.bind)
             self._scan_where = comp.compile(q.where)
@@ -572,7 +596,7 @@ class _Execution:
 
     def scan(self) -> pa.Table:
         """The columns duck_text's scan reads, named as it names them."""
-        table = self.snap.scan(self._scan_specs)
+        table = self.snap.scan(self._scan_specs, rows=self.narrowed)
         return table.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(self._scan_specs))])
 
     def run_scan(self, plan: Plan) -> Result:
@@ -584,7 +608,7 @@ class _Execution:
         def stream(batch_rows: int) -> pa.RecordBatchReader:
             return self.engine.duck().stream(text, {"scan": self.scan()}, params, batch_rows, query=self.names())
         t1 = time.perf_counter()
-        self.timings["scan"] = t1 - t0
+        self.timings["scan" if self.narrowed is None else "fetch"] = t1 - t0
         try:
             out = self.engine.duck().run(text, {"scan": table}, params, self.engine.max_result_bytes,
                                          query=self.names())
@@ -592,7 +616,7 @@ class _Execution:
             return self.refused(e.columns, e.rows, e.nbytes, False, stream)
         finally:
             self.timings["duckdb"] = time.perf_counter() - t1
-        return Result(out.column_names, table=out, access="scan")
+        return Result(out.column_names, table=out, access=plan.access)
 
     def scan_kinds(self, table: pa.Table) -> dict[tuple[str, ...], tuple[dict[int, str], bool]]:
         """(typed columns of the kinds present, an int beyond 2**53?) of each field that holds
