@@ -68,3 +68,12 @@ def decode(data: bytes | pa.Buffer) -> pa.Array:
         raise CorruptionError(f"column chunk does not decode: {e}") from e
     col = table.column(0)
     return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+
+
+def take(arr: pa.Array, positions: np.ndarray) -> pa.Array:
+    """``arr``'s values at ``positions`` (an int array). Numbers without nulls go through
+    numpy: Arrow's take costs ~20 us a call in fixed costs, and a query that reads a few
+    fields of the rows an index matched takes from every segment of every shard."""
+    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        return pa.array(arr.to_numpy()[positions], type=arr.type)
+    return arr.take(pa.array(positions))

@@ -242,10 +242,9 @@ class Shard:
                                           f"{view.seg.segid} ({view.seg.file.path})")
             offsets = view.seg.live_offsets
             if rows is not None:  # a chunk holds one value per live offset: take at their ranks
-                wanted = pa.array(np.frombuffer(((rows & live) - view.deleted).to_array(), dtype=np.uint32))
-                at = wanted if view.seg.live_dense else pa.array(
-                    np.searchsorted(offsets.to_numpy(zero_copy_only=True), wanted.to_numpy()))
-                return wanted, [c.take(at) for c in cols]
+                wanted = np.frombuffer(((rows & live) - view.deleted).to_array(), dtype=np.uint32)
+                at = wanted if view.seg.live_dense else np.searchsorted(offsets.to_numpy(zero_copy_only=True), wanted)
+                return pa.array(wanted), [columns.take(c, at) for c in cols]
             if view.deleted:
                 keep = keep_mask(live, view.deleted)
                 offsets = offsets.filter(keep)
@@ -265,8 +264,8 @@ class Shard:
         if rows is not None:
             held = BitMap(rows) - view.deleted
             held.remove_range(n, 1 << 32)  # offsets this view does not show yet
-            wanted = pa.array(np.frombuffer(held.to_array(), dtype=np.uint32))
-            return wanted, [c.take(wanted) for c in cols]
+            wanted = np.frombuffer(held.to_array(), dtype=np.uint32)
+            return pa.array(wanted), [columns.take(c, wanted) for c in cols]
         if view.deleted:
             keep = keep_mask(FrozenBitMap(range(n)), view.deleted)
             offsets = offsets.filter(keep)

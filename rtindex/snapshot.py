@@ -320,7 +320,7 @@ class Snapshot:
                 offsets, cols = self._shards[i].scan_view(v, colkeys, rows._parts[(i, v.base)])
             else:
                 continue
-            rids = pc.add(offsets.cast(pa.uint64()), pa.scalar(v.base, pa.uint64()))
+            rids = pa.array(offsets.to_numpy().astype(np.uint64) + np.uint64(v.base))
             shard = pa.array(np.full(len(offsets), i, dtype=np.uint16))
             batches.append(pa.record_batch([shard, rids, *cols], names=["_shard", "_row_id", *names]))
         schema = pa.schema([("_shard", pa.uint16()), ("_row_id", pa.uint64())]

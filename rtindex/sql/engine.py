@@ -17,6 +17,7 @@ objects in the output, and ARRAY_CONTAINS need the index path (rows or element p
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from rtindex.errors import NotFoundError, ResultTooLargeError, SqlError
 from rtindex.result import Result
 from rtindex.rowcache import DECODED_BYTES_PER_JSON_BYTE, copy_json
 from rtindex.segments import OverBudget
-from rtindex.sql import frames, messages, typed
+from rtindex.sql import frames, messages, small, typed
 from rtindex.sql import predicates as P
 from rtindex.sql.execute import DuckEngine, OutputTooLarge
 from rtindex.sql.multi import MultiExecution, access_of, reference_lines
@@ -57,6 +58,9 @@ SAMPLE_ROWS = 16
 # up to this many matched rows, the kinds of values a mixed field holds in them are read from
 # the rows (fetched anyway); past it from posting lists, which hold no rows in memory
 MIXING_FROM_ROWS = 4096
+# the index path aggregates this many matched rows at most with Arrow compute (small.py): beyond
+# them DuckDB's per-call cost no longer matters and its threads pay
+SMALL_ROWS = 100_000
 
 
 @dataclass
@@ -74,6 +78,7 @@ class Plan:
     duckdb_sql: str | None = None
     residual: str | None = None  # the part of WHERE the index does not answer: DuckDB evaluates it
     by_column: bool = False  # index path: the fields are read from the column store at the matched rows
+    arrow: bool = False  # the aggregate was computed with Arrow compute, not DuckDB (rtindex/sql/small.py)
     # a query over collection references: the plan of each collection it reads, and lines
     # on its references (index part, residual, estimated rows)
     sources: list[Plan] = field(default_factory=list)
@@ -101,6 +106,9 @@ class Plan:
             lines.append(f"  estimated cost, index path: {self.index_cost_us:,.0f} us")
         if self.scan_cost_us is not None:
             lines.append(f"  estimated cost, column scan: {self.scan_cost_us:,.0f} us")
+        if self.arrow:
+            lines.append("  aggregated with Arrow compute over the matched rows (DuckDB runs the statement "
+                         "below where the values need it)")
         lines.append(f"  DuckDB: {self.duckdb_sql}" if self.duckdb_sql else "  DuckDB: not used")
         return "\n".join(lines)
 
@@ -172,6 +180,7 @@ class SqlEngine:
         run.plan = plan
         if plan.access == "scan" or run.columnar():
             plan.duckdb_sql = run.scan_text(plan)[0]
+            plan.arrow = run.small_plan() is not None
         elif q.plain is None:
             plan.duckdb_sql = run.index_text(plan, run.frame(run.snap.fetch(run.rows, copy=False)))
         return plan
@@ -549,10 +558,13 @@ class _Execution:
         selects = []
         compared = self.compared()
         frame_types: dict[str, str | None] = {}
+        self._frame_columns: dict[str, str | None] = {}  # frame column -> the scan column it is, if just one
         for path, fname in q.fields.items():
             cols = {tag: f'"{c}"' for (p, tag), c in self._scan_cols.items() if p == path}
             present, big = (kinds or {}).get(path, (cols, False))
-            selects.append(f'{frames.value_sql(present, big)} AS "{fname}"')
+            value = frames.value_sql(present, big)
+            self._frame_columns[fname] = value[1:-1] if re.fullmatch(r'"c\d+"', value) else None
+            selects.append(f'{value} AS "{fname}"')
             how = frames.mixing(set(present) - {keys.ARRAY, keys.OBJECT}, big)
             if how == frames.TEXT and fname in compared:  # rule 2 in DuckDB: shadow columns (typed)
                 frame_types[fname] = typed.MIXED
@@ -609,6 +621,10 @@ class _Execution:
             return self.engine.duck().stream(text, {"scan": self.scan()}, params, batch_rows, query=self.names())
         t1 = time.perf_counter()
         self.timings["scan" if self.narrowed is None else "fetch"] = t1 - t0
+        out = self.run_small(plan, table)
+        if out is not None:
+            self.timings["arrow"] = time.perf_counter() - t1
+            return Result(out.column_names, table=out, access=plan.access)
         try:
             out = self.engine.duck().run(text, {"scan": table}, params, self.engine.max_result_bytes,
                                          query=self.names())
@@ -617,6 +633,30 @@ class _Execution:
         finally:
             self.timings["duckdb"] = time.perf_counter() - t1
         return Result(out.column_names, table=out, access=plan.access)
+
+    def small_plan(self) -> small.SmallPlan | None:
+        """The Arrow plan of an aggregate over the few rows the index matched (rtindex/sql/small.py),
+        when the frame columns it reads are plain typed columns; else None (DuckDB runs it)."""
+        if self.narrowed is None or len(self.narrowed) > SMALL_ROWS:
+            return None
+        found = small.compile_plan(self.q.duck_sql)
+        if found is None or any(self._frame_columns.get(c) is None for c in found.columns):
+            return None
+        return found
+
+    def run_small(self, plan: Plan, table: pa.Table) -> pa.Table | None:
+        """small_plan's result over the narrowed scan ``table``, or None for DuckDB to run."""
+        found = self.small_plan()
+        if found is None:
+            return None
+        limit, offset = self.limits()
+        out = found.run({c: table.column(self._frame_columns[c]).combine_chunks() for c in found.columns},
+                        table.num_rows, limit, offset)
+        budget = self.engine.max_result_bytes
+        if out is None or (budget is not None and out.nbytes > budget):
+            return None  # (DuckDB's run measures it and refuses it, with a stream to read it)
+        plan.arrow = True
+        return out
 
     def scan_kinds(self, table: pa.Table) -> dict[tuple[str, ...], tuple[dict[int, str], bool]]:
         """(typed columns of the kinds present, an int beyond 2**53?) of each field that holds
