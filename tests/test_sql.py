@@ -171,7 +171,9 @@ def test_bad_parameters(fruit, sql, params, match):
 
 @pytest.mark.parametrize("sql, construct", [
     ("SELECT _id FROM fruit JOIN other ON a = b", "no collection 'other'"),
-    ("SELECT _id FROM (SELECT 1)", "without FROM <collection>"),
+    ("SELECT x.s FROM (fruit AS a CROSS JOIN fruit AS b) AS x", "named parenthesized join"),
+    ("SELECT _id FROM fruit WHERE IS_MISSING(n) OR lower(s) = 'x'", "IS_MISSING where DuckDB evaluates it"),
+    ("SELECT current_setting('home_directory')", "(?i)function current_setting"),
     ("SELECT _id FROM fruit, read_csv('x.csv')", "READ_CSV"),
     ("WITH c AS (SELECT * FROM read_parquet('x.parquet')) SELECT * FROM c", "READ_PARQUET"),
     ("SELECT o.x FROM fruit a, fruit b", "nested field o.x"),
@@ -193,6 +195,23 @@ def test_unsupported_constructs_name_the_construct(fruit, sql, construct):
 ])
 def test_constructs_refused_before_now_answer(fruit, sql, expected, access):
     assert fruit.sql(sql, access=access).rows() == expected
+
+
+@pytest.mark.parametrize("sql, params, expected", [
+    ("SELECT 1 + 1 AS two", None, [{"two": 2}]),
+    ("SELECT ? * 2 AS x", [21], [{"x": 42}]),
+    ("SELECT n FROM (VALUES (1), (2)) AS v(n) ORDER BY n DESC", None, [{"n": 2}, {"n": 1}]),
+])
+def test_a_select_without_a_collection_runs_in_duckdb_alone(fruit, sql, params, expected):
+    res = fruit.sql(sql, params)
+    assert res.rows() == expected and res.access == "none"
+    assert "query over no collection" in str(fruit.explain(sql, params))
+
+
+def test_a_parenthesized_join_first_in_from_is_a_join(fruit):
+    sql = "SELECT a._id AS x, b._id AS y FROM (fruit AS a JOIN fruit AS b ON a._id + 1 = b._id) ORDER BY x"
+    assert fruit.sql(sql).rows() == fruit.sql(sql.replace("(fruit AS a", "fruit AS a").replace("b._id) ORDER", "b._id ORDER")).rows()
+    assert fruit.sql(sql).rows()[0] == {"x": 1, "y": 2}
 
 
 def test_errors_carry_a_position(fruit):

@@ -152,3 +152,13 @@ def test_time_functions_inside_subqueries(tmp_path):
             assert db.sql(sql, {"t": 5}, access=access).rows() == [{"_id": 2}, {"_id": 3}]
             assert db.sql("SELECT UNIX_MICROS(a._event_time) AS us FROM ev a JOIN ev b ON a._id = b._id "
                           "WHERE a.k = 1 AND b._id < 2", access=access).rows() == [{"us": 1_700_000_000_000_001}]
+
+
+def test_where_reads_the_field_an_output_alias_shadows(tmp_path):
+    # SELECT DISTINCT goes through the general planner; there, too, WHERE b is the documents'
+    # field b and not the output alias b (DuckDB would bind the alias when the frame lacks b)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        db.create_collection("t", shards=1).ingest([{"_id": 1, "a": 30, "b": 5}, {"_id": 2, "a": 1, "b": 10}])
+        assert db.sql("SELECT DISTINCT a AS b FROM t WHERE b > 7").rows() == [{"b": 1}]
+        assert db.sql("SELECT DISTINCT COUNT(*) AS b FROM t WHERE -b IS NOT NULL").rows() == [{"b": 2}]
+        assert db.sql("SELECT DISTINCT a AS b FROM t ORDER BY b").rows() == [{"b": 1}, {"b": 30}]

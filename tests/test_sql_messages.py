@@ -135,3 +135,12 @@ def test_the_service_replies_with_the_warnings(served):
     with rtindex.connect(served.url, api_key=served.admin_key) as remote:
         assert "did you mean lang?" in remote.sql("SELECT LANG FROM w").warnings[0]
         assert remote.sql("SELECT lang FROM w").warnings == []
+
+
+def test_a_sum_beyond_64_bits_says_how_to_keep_it(tmp_path):
+    with rtindex.open(str(tmp_path / "db")) as db:
+        db.create_collection("t", shards=1).ingest([{"_id": 1, "x": 2**62}, {"_id": 2, "x": 2**62}])
+        for access in ("index", "scan"):
+            with pytest.raises(rtindex.SqlError, match=r"does not fit 64 bits; CAST\(SUM\(x\) AS DOUBLE\)"):
+                db.sql("SELECT SUM(x) AS s FROM t WHERE x > 0", access=access).rows()
+        assert db.sql("SELECT CAST(SUM(x) AS DOUBLE) AS s FROM t").rows() == [{"s": 2.0**63}]

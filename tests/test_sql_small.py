@@ -154,6 +154,12 @@ def test_other_shapes_are_left_to_duckdb(sql):
     assert small.compile_plan(sql) is None
 
 
+def test_constant_outputs_are_left_to_duckdb():
+    for sql in ('SELECT 65 AS "c" FROM "frame" GROUP BY "f0"', 'SELECT -(65) AS "x", COUNT(*) AS "n" FROM "frame" GROUP BY "f0"'):
+        plan = small.compile_plan(sql)
+        assert plan is None or plan.run({"f0": pa.array([1, 2])}, 2, None, 0) is None
+
+
 def test_sums_that_could_pass_64_bits_and_nan_orders_are_left_to_duckdb():
     big = pa.array([2**62, 2**62], type=pa.int64())
     plan = small.compile_plan('SELECT SUM("f0") AS "s" FROM "frame"')

@@ -85,6 +85,8 @@ class Plan:
     references: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
+        if not self.sources and not self.collection:
+            return f"query over no collection\n  DuckDB: {self.duckdb_sql}"
         if self.sources:
             lines = [f"query over {len(self.sources)} collection(s): {self.access} ({self.reason})"]
             for src in self.sources:
@@ -227,11 +229,7 @@ class _Execution:
 
     def value(self, operand: P.Operand) -> Any:
         """The value of an operand as given or computed (a datetime stays one)."""
-        if isinstance(operand, P.Const):
-            return operand.value
-        if isinstance(operand, P.Call):
-            return P.call_value(operand.name, self.value(operand.arg), self.q.sql, operand.position)
-        return self.params[operand.key]
+        return operand_value(operand, self.params, self.q.sql)
 
     def int_param(self, operand: P.Operand | None) -> int | None:
         if operand is None:
@@ -529,14 +527,7 @@ class _Execution:
 
     def bind_duck_params(self, ops: dict[str, P.Operand]) -> dict[str, Any]:
         """The values of the DuckDB parameters ``ops`` (see :meth:`duck_params`)."""
-        out = {}
-        for name, op in ops.items():
-            v = self.value(op)
-            if isinstance(v, datetime):
-                out[name] = v if v.tzinfo is not None else v.replace(tzinfo=timezone.utc)
-            else:
-                out[name] = P.check_value(v, self.q.sql, op.position)
-        return out
+        return duck_param_values(ops, self.params, self.q.sql)
 
     def duck_text(self, plan: Plan, kinds: dict | None = None, frame_types: dict | None = None) -> str:
         """The DuckDB statement of this execution (frame = the scan's CTE on the scan path;
@@ -572,6 +563,8 @@ class _Execution:
                                for fam, sql in typed.scan_shadows(present).items())
             elif how == frames.TEXT:
                 frame_types[fname] = typed.MIXED_TEXT
+            elif value == "NULL":  # no value in the rows read
+                frame_types[fname] = typed.NOTHING
             else:
                 frame_types[fname] = typed.NUM if how == frames.DOUBLE else typed.family_of_tags(present)
         where = ""
@@ -685,7 +678,28 @@ def _row_bytes(rows: list[dict]) -> int:
     return sum(len(orjson.dumps(r, default=str)) for r in rows) * DECODED_BYTES_PER_JSON_BYTE
 
 
-def _check_params(q: Query, params: Any) -> Mapping | Sequence:
+def operand_value(operand: P.Operand, params: Mapping | Sequence, sql: str) -> Any:
+    """The value of an operand as given or computed (a datetime stays one)."""
+    if isinstance(operand, P.Const):
+        return operand.value
+    if isinstance(operand, P.Call):
+        return P.call_value(operand.name, operand_value(operand.arg, params, sql), sql, operand.position)
+    return params[operand.key]
+
+
+def duck_param_values(ops: dict[str, P.Operand], params: Mapping | Sequence, sql: str) -> dict[str, Any]:
+    """The values of DuckDB parameters: a datetime stays a timestamp (naive means UTC)."""
+    out = {}
+    for name, op in ops.items():
+        v = operand_value(op, params, sql)
+        if isinstance(v, datetime):
+            out[name] = v if v.tzinfo is not None else v.replace(tzinfo=timezone.utc)
+        else:
+            out[name] = P.check_value(v, sql, op.position)
+    return out
+
+
+def _check_params(q: Query | MultiQuery, params: Any) -> Mapping | Sequence:
     if q.param_style is None:
         if params:
             raise SqlError("parameters given to a query that has none", q.sql)

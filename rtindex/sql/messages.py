@@ -124,6 +124,9 @@ def duckdb_error(line: str, names: Mapping[str, str]) -> str:
                  "gives the numbers back")
     elif "must appear in the GROUP BY clause" in body:
         body += ": add it to GROUP BY, or use it inside an aggregate such as MIN or MAX"
+    elif "Type INT128" in body and "out of range" in body:  # a 128-bit SUM returned as 64 bits (execute.py)
+        body += (": the sum of these integers does not fit 64 bits; CAST(SUM(x) AS DOUBLE) or "
+                 "CAST(SUM(x) AS DECIMAL(38, 0)) keeps it")
     elif kind == "Conversion" and "Could not convert" in body:
         body += ": use TRY_CAST to get NULL where a value does not convert"
     elif "Cannot compare values of type" in body:

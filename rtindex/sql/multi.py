@@ -43,9 +43,10 @@ class MultiExecution:
     """One execution of a MultiQuery: bound parameters, one snapshot per collection."""
 
     def __init__(self, engine: SqlEngine, q: MultiQuery, params: Any, access: str | None):
-        from rtindex.sql.engine import _Execution  # engine dispatches to this module
+        from rtindex.sql.engine import _check_params, _Execution  # engine dispatches to this module
         self.engine = engine
         self.q = q
+        self.params = _check_params(q, params)
         self.runs: list[_Execution] = []
         home: dict[int, int] = {}
         compared = typed.compared(q.duck_sql)  # a mixed field it compares gets shadow columns (typed)
@@ -103,10 +104,8 @@ class MultiExecution:
         return Result(out.column_names, table=out, access=access)
 
     def duck_params(self) -> dict[str, Any]:
-        if not self.runs:
-            return {}
-        run = self.runs[0]
-        return run.bind_duck_params(self.q.duck_params)
+        from rtindex.sql.engine import duck_param_values
+        return duck_param_values(self.q.duck_params, self.params, self.q.sql)
 
     def frame(self, run: _Execution, plan: Plan, src: Source) -> pa.Table:
         """The frame of one collection: its rows the access path read, as Arrow columns."""
@@ -141,9 +140,10 @@ class MultiExecution:
 
 
 def access_of(plans: list[Plan]) -> str:
-    """``index`` or ``scan`` when every collection was read one way, else ``index+scan``."""
+    """``index`` or ``scan`` when every collection was read one way, else ``index+scan``;
+    ``none`` for a query that reads no collection (``SELECT 1 + 1``)."""
     kinds = sorted({p.access for p in plans})
-    return kinds[0] if len(kinds) == 1 else "+".join(kinds)
+    return kinds[0] if len(kinds) == 1 else "+".join(kinds) if kinds else "none"
 
 
 def _members(rows, part) -> np.ndarray:

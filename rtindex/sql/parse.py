@@ -12,6 +12,7 @@ gone from it because the access path has applied it already.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -178,6 +179,16 @@ class _Parser:
 
     def error(self, message: str, node: exp.Expression | None = None) -> SqlError:
         return SqlError(message, self.sql, self.position(node))
+
+    def refuse_is_missing(self, duck_sql: str, tree: exp.Expression) -> None:
+        """IS_MISSING is answered by posting lists only: a frame has one NULL for null and for
+        missing. One left where DuckDB evaluates the query (an OR with a condition the index
+        cannot answer, CASE, FILTER, a SELECT item) is refused, never sent on."""
+        if re.search(rf"\b{MISSING_FUNCTION}\s*\(", duck_sql, re.IGNORECASE):
+            node = next((n for n in tree.find_all(exp.Anonymous) if n.name.upper() == MISSING_FUNCTION), tree)
+            raise self.unsupported(f"{MISSING_FUNCTION} where DuckDB evaluates it: the index answers it only in WHERE, "
+                                   f"at the top level or under AND/OR/NOT with conditions the index answers "
+                                   f"(x IS NULL holds for null and missing alike)", node)
 
     def unsupported(self, what: str, node: exp.Expression) -> UnsupportedSqlError:
         """The error for ``what`` (which may start with _describe(node) or a keyword), naming
@@ -486,6 +497,7 @@ class _Parser:
         order = tree.args.get("order")
         if order is not None:
             text += " ORDER BY " + ", ".join(self.rewrite(o, aliases).sql(DIALECT) for o in order.expressions)
+        self.refuse_is_missing(text, tree)
         return Query(sql=self.sql, collection=self.collection, where=pred, fields=dict(self.fields),
                      duck_sql=text, outputs=outputs, plain=plain, star=bool(stars), star_except=star_except,
                      limit=limit, offset=offset, duck_params=dict(self.duck_params),

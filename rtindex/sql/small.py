@@ -118,6 +118,8 @@ class SmallPlan:
             cols = [(name, *evaluate(env)) for name, evaluate in self.outputs]
         except (pa.ArrowInvalid, _Unsupported):  # an integer overflow (DuckDB reports it), or types it decides
             return None
+        if any(t not in _ARROW or not isinstance(arr, (pa.Array, pa.ChunkedArray)) for _, arr, t in cols):
+            return None  # a constant output: DuckDB types it
         out = pa.table({name: arr.cast(_ARROW[t]) if arr.type != _ARROW[t] else arr for name, arr, t in cols})
         if self.order:
             for name, _, _ in self.order:

@@ -49,7 +49,7 @@ from rtindex.sql.parse import (
 # (DuckDB's sandbox refuses file access too; this names the construct for the user)
 _DENIED_FUNCTION = re.compile(r"^(read_.*|glob|query|query_table|sniff_csv|getenv|parquet_.*|iceberg_.*|delta_.*|"
                               r"duckdb_.*|pragma_.*|which_secret|load_aws_credentials|json_execute_serialized_sql|"
-                              r"from_json.*)$", re.IGNORECASE)
+                              r"from_json.*|current_setting|getvariable)$", re.IGNORECASE)
 _PUSHABLE_JOINS = ("", "INNER", "CROSS")
 MASK = "__m"  # mask columns of a frame read for references with different index parts
 
@@ -105,6 +105,25 @@ class MultiQuery:
                      param_style=self.param_style, n_positional=self.n_positional)
 
 
+def _flatten_parenthesized_joins(tree: exp.Expression) -> None:
+    """``FROM (a JOIN b ON ...) JOIN c ...`` is ``FROM a JOIN b ON ... JOIN c ...``: joins
+    associate to the left, so parentheses around the first FROM item's joins change nothing.
+    (Parenthesized joins elsewhere, or named ``(a JOIN b) AS x``, are refused as FROM items.)"""
+    for select in list(tree.find_all(exp.Select)):
+        source = select.args.get("from_") or select.args.get("from")
+        if source is None:
+            continue
+        item = source.this
+        while (isinstance(item, exp.Subquery) and not item.alias and isinstance(item.this, exp.Table)
+               and item.this.args.get("joins")):
+            inner = item.this
+            joins = inner.args["joins"]
+            inner.set("joins", None)
+            source.set("this", inner)
+            select.set("joins", [*joins, *(select.args.get("joins") or [])])
+            item = inner
+
+
 def parse_general(sql: str) -> MultiQuery:
     """The MultiQuery of ``sql``, or a SqlError saying what is refused and where."""
     return _GeneralParser(sql).parse_general()
@@ -125,12 +144,11 @@ class _GeneralParser(_Parser):
         if not isinstance(tree, (exp.Select, exp.SetOperation)):
             raise self.unsupported(f"{tree.key.upper()} statement (only SELECT)", tree)
         _normalize_time_functions(tree)
+        _flatten_parenthesized_joins(tree)
         self.check(tree)
         self.ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
         for select in tree.find_all(exp.Select):
             self.scope(select)
-        if not self.refs:
-            raise self.unsupported("a SELECT without FROM <collection>", tree)
         for select in tree.find_all(exp.Select):
             self.split(select)
         text = self.rewrite_tree(tree)
@@ -142,6 +160,7 @@ class _GeneralParser(_Parser):
         positional = {str(p.this) for p in self.placeholders if str(p.this).startswith(POSITIONAL)}
         if positional and len(positional) != len({str(p.this) for p in self.placeholders}):
             raise SqlError("use either :name or ? parameters, not both", self.sql)
+        self.refuse_is_missing(text.sql(DIALECT), tree)
         return MultiQuery(sql=self.sql, sources=sources, duck_sql=text.sql(DIALECT),
                           duck_params=dict(self.duck_params), unresolved=self.unresolved,
                           param_style=("positional" if positional else "named") if self.placeholders else None,
@@ -184,6 +203,9 @@ class _GeneralParser(_Parser):
                 ref = Reference(coll, item.alias or coll.rpartition(".")[2])
                 self.refs[id(item)] = ref
                 item.meta["rtindex_ref"] = ref
+            elif isinstance(item, exp.Subquery) and not isinstance(item.this, exp.Query):
+                raise self.unsupported("a named parenthesized join ((a JOIN b) AS x): qualify fields by the "
+                                       "collections' own names or aliases", item)
             elif not isinstance(item, (exp.Subquery, exp.Values)):
                 raise self.unsupported(f"{item.key.upper()} in FROM (FROM reads collections, CTEs and subqueries)",
                                        item)
@@ -250,8 +272,8 @@ class _GeneralParser(_Parser):
         if found is not None:
             ref, n = found
             return (ref, (ref,), tuple(parts[n:])) if len(parts) > n else None
-        if len(parts) == 1 and parts[0] in _aliases(select) and not _in_projection(node, select):
-            return None
+        if len(parts) == 1 and parts[0] in _aliases(select) and _clause(node, select) not in ("expressions", "where"):
+            return None  # an output alias (GROUP BY, HAVING, ORDER BY); WHERE reads the documents' field
         if len(parts) > 1 and self.names_other_source(select, parts[0]):
             return None  # a column of a CTE or subquery
         lam = node.find_ancestor(exp.Lambda)
@@ -410,10 +432,12 @@ def _aliases(select: exp.Select) -> set[str]:
     return {e.alias for e in select.expressions if isinstance(e, exp.Alias)}
 
 
-def _in_projection(node: exp.Expression, select: exp.Select) -> bool:
+def _clause(node: exp.Expression, select: exp.Select) -> str:
+    """The argument of ``select`` that ``node`` is in: ``expressions`` (the SELECT list),
+    ``where``, ``group``, ``order``, ..."""
     while node.parent is not None and node.parent is not select:
         node = node.parent
-    return node.arg_key == "expressions"
+    return node.arg_key
 
 
 def _call_name(node: exp.Expression) -> str:

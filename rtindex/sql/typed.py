@@ -40,6 +40,7 @@ NUM, TEXT, BOOL = "num", "text", "bool"
 FAMILIES = (NUM, TEXT, BOOL)
 MIXED = "mixed"  # a frame column with shadow columns
 MIXED_TEXT = "mixed-text"  # a frame column of a mixed field without them (not compared): its text
+NOTHING = "nothing"  # a frame column with no value in the rows read: every comparison of it is UNKNOWN
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE)
 _NULL_SAFE = (exp.NullSafeEQ, exp.NullSafeNEQ)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod)
@@ -122,8 +123,8 @@ def columns_of(schema: pa.Schema) -> dict[str, str | None]:
     shadows = {shadow(n, f) for n in names for f in FAMILIES}
     # only a mixed field's column is large_string (frames.column)
     return {f.name: MIXED if shadow(f.name, TEXT) in names else
-            MIXED_TEXT if pa.types.is_large_string(f.type) else family_of_type(f.type)
-            for f in schema if f.name not in shadows}
+            MIXED_TEXT if pa.types.is_large_string(f.type) else NOTHING if pa.types.is_null(f.type)
+            else family_of_type(f.type) for f in schema if f.name not in shadows}
 
 
 @lru_cache(maxsize=512)
@@ -372,7 +373,15 @@ class _Rewriter:
         return None
 
     def typed_one_type(self, node: exp.Expression) -> exp.Expression | None:
-        """IN and BETWEEN of a field of one type with values of another family: UNKNOWN there."""
+        """IN, BETWEEN and LIKE of a field of one type with values of another family (or of a
+        field with no value in the rows read): UNKNOWN there."""
+        nothing = isinstance(node, (exp.Between, exp.Like, exp.ILike)) or (
+            isinstance(node, exp.In) and not node.args.get("query"))  # (NULL NOT IN (<no rows>) is TRUE)
+        if nothing and self.family(node.this) == NOTHING:
+            return _unknown(node.this, *(v for k, v in node.args.items() if k != "this" and isinstance(v, exp.Expression)),
+                            *node.expressions)
+        if isinstance(node, (exp.Like, exp.ILike)) and self.family(node.this) in (NUM, BOOL):
+            return _unknown(node.this, node.expression)  # a number or bool is never LIKE a pattern
         if isinstance(node, exp.In) and not node.args.get("query") and node.expressions:
             if not any(self.families_differ(node.this, e) for e in node.expressions):
                 return None
@@ -390,6 +399,8 @@ class _Rewriter:
     def compare(self, cls: type, left: exp.Expression, right: exp.Expression) -> exp.Expression | None:
         """``left <cls> right`` by rule 2 (None: DuckDB's comparison is rule 2's)."""
         lcol, rcol = self.mixed(left), self.mixed(right)
+        if NOTHING in (self.family(left), self.family(right)):
+            return _unknown(left, right)
         if lcol is None and rcol is None:
             return _unknown(left, right) if self.families_differ(left, right) else None
         if lcol is not None and rcol is not None:  # family by family: the one both hold decides
@@ -469,10 +480,10 @@ def _items(select: exp.Select) -> list[exp.Expression]:
     return ([source.this] if source is not None else []) + [j.this for j in select.args.get("joins") or []]
 
 
-def _unknown(left: exp.Expression, right: exp.Expression) -> exp.Expression:
-    """NULL (UNKNOWN), naming both operands: a parameter among them stays in the text."""
-    both = exp.and_(exp.Is(this=left.copy(), expression=exp.Null()), exp.Is(this=right.copy(), expression=exp.Null()))
-    return exp.Case(ifs=[exp.If(this=both, true=exp.cast(exp.Null(), "BOOLEAN"))])
+def _unknown(*operands: exp.Expression) -> exp.Expression:
+    """NULL (UNKNOWN), naming every operand: a parameter among them stays in the text."""
+    every = exp.and_(*(exp.Is(this=o.copy(), expression=exp.Null()) for o in operands))
+    return exp.Case(ifs=[exp.If(this=every, true=exp.cast(exp.Null(), "BOOLEAN"))])
 
 
 def _shadow(col: exp.Column, family: str) -> exp.Column:
