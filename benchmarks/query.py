@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Query latency and throughput: rtindex vs SQLite (JSON + expression indexes) vs DuckDB (typed table).
+"""Query latency and throughput: rtindex vs SQLite (JSON + expression indexes) vs DuckDB (typed
+table) vs chDB (in-process ClickHouse, MergeTree tables).
 
     python benchmarks/query.py [--quick] [--events N] [--clicks N] [--seconds S] [--shards S]
-                               [--batch B] [--systems rtindex,sqlite,duckdb] [--dir DIR]
+                               [--batch B] [--systems rtindex,sqlite,duckdb,chdb] [--dir DIR]
 
 Data (benchmarks/datagen.py) is generated once, in memory, before anything is loaded:
 RockBench-style events (default 1,000,000; --quick 100,000) and ``product_clicks`` rows
@@ -25,6 +26,13 @@ Each kind runs for ``--seconds`` (default 10; --quick 4) after a short warm-up, 
 through one parameter list that is the same for every system (a slower system runs a
 shorter prefix of it); figures are QPS and p50/p95/p99 latency of single queries.
 
+rtindex is then measured a second time per kind, right after its single-client run of that
+kind, with two threads querying the same ``db`` at once for ``--seconds`` (no extra
+warm-up): thread t cycles through every second parameter starting at t, so together they
+walk the single client's list. Figures: total QPS of both threads, p50/p95/p99 over all
+their queries, and the QPS ratio to one thread (``<kind>_qps_2threads``,
+``<kind>_p50_ms_2threads``, ``<kind>_qps_2threads_vs_1thread``, ...).
+
 The systems, and how SELECT * rows reach Python (every system hands back full rows as
 Python objects, so the comparison includes materialization):
 
@@ -41,19 +49,32 @@ Python objects, so the comparison includes materialization):
   benchmarks/ingest.py: objects -> STRUCT, arrays -> LIST, so emails is VARCHAR[] and the
   filter is ``list_contains(emails, ?)``), no index; rows are ``fetchall()`` of all columns:
   tuples whose STRUCT values are dicts and LIST values lists.
+* chDB (``chdb.session.Session`` on a directory in the working directory; skipped, figures
+  null, when ``import chdb`` fails): MergeTree tables with the schema ClickHouse infers
+  from a 10,000-row JSONEachRow sample (objects -> named Tuples, arrays -> Arrays, absent
+  fields read as defaults rather than NULL), laid out as a ClickHouse user would for these
+  lookups: ``events ORDER BY processBy`` with a ``bloom_filter`` skip index on ``emails``
+  (the filter is ``has(emails, {e:String})``), ``product_clicks ORDER BY (city,
+  product_id)``. Loaded by ``INSERT ... FORMAT JSONEachRow`` per batch, then ``OPTIMIZE
+  TABLE ... FINAL`` (one part, the steady state; in the load time). Parameters are bound
+  as typed ``{name:String}`` placeholders; the CTR query divides integer sums as Float64.
+  Rows are the JSONEachRow output, one ``orjson.loads`` per row: dicts for SELECT *,
+  [product_id, ctr] for CTR. ``EXPLAIN indexes = 1`` of each kind is printed.
 
 Correctness: on a few parameters of each kind (the most popular processBy, absent values,
 ...) every system's result is compared with the answer computed in Python from the
 generated data: the same ``_id`` set for SELECT *, and the same top products for the CTR
 query (ctr within 1e-6 relative; ties may order differently). rtindex's and SQLite's rows
-are also compared with the source documents. Disagreements are printed with the query,
+are also compared with the source documents (DuckDB's and chDB's typed rows fill absent
+fields with NULLs or defaults, so only their ``_id`` values are compared). Disagreements are printed with the query,
 the parameter and both results.
 
 Prints progress to stderr; EXPLAIN of one query of each kind, a table and, as the LAST
 stdout line, one JSON object (processby_qps, processby_p50_ms, ..., ctr_p95_ms, the same
-prefixed sqlite_ and duckdb_, processby_qps_vs_sqlite, email_qps_vs_sqlite,
-ctr_speedup_vs_fastest_peer, row counts, peak_rss_mb, ...). Values are null for a system
-that could not run.
+prefixed sqlite_, duckdb_ and chdb_, the two-thread figures above, processby_qps_vs_sqlite,
+email_qps_vs_chdb, ..., ctr_speedup_vs_fastest_peer (fastest p50 of SQLite and DuckDB /
+rtindex's p50), ctr_speedup_vs_chdb (chDB's p50 / rtindex's p50), row counts, peak_rss_mb,
+...). Values are null for a system that could not run.
 """
 
 from __future__ import annotations
@@ -68,6 +89,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -121,6 +143,15 @@ DUCK_PB = "SELECT * FROM events WHERE processBy = ?"
 DUCK_EMAIL = "SELECT * FROM events WHERE list_contains(emails, ?)"
 DUCK_CTR = ("SELECT product_id, SUM(CAST(clicks AS FLOAT)) / (SUM(CAST(impressions AS FLOAT)) + 1.0) AS ctr "
             "FROM product_clicks WHERE city = ? GROUP BY product_id ORDER BY ctr DESC LIMIT 100")
+
+# ClickHouse: parameters are typed placeholders bound by the server, never spliced into the
+# text; the integer sums are exact and ``/`` always divides as Float64.
+CH_PB = "SELECT * FROM events WHERE processBy = {p:String}"
+CH_EMAIL = "SELECT * FROM events WHERE has(emails, {e:String})"
+CH_CTR = ("SELECT product_id, sum(clicks) / (sum(impressions) + 1.0) AS ctr "
+          "FROM product_clicks WHERE city = {city:String} GROUP BY product_id ORDER BY ctr DESC LIMIT 100")
+SYSTEMS = ("rtindex", "sqlite", "duckdb", "chdb")
+THREADS = 2  # rtindex readers sharing one database in the concurrent measurement
 
 
 # ---------------------------------------------------------------------------
@@ -248,6 +279,55 @@ def measure(label: str, fn: Callable[[Any], int], params: list, warm: list, seco
     return out
 
 
+def measure_threads(label: str, fn: Callable[[Any], int], params: list, seconds: float,
+                    n_threads: int) -> dict[str, Any]:
+    """Run ``fn`` from ``n_threads`` threads at once for ``seconds``, thread ``t`` cycling
+    through ``params[t::n_threads]`` (together they walk the parameters the single client
+    walked). No warm-up: it runs right after the single-client measurement of the same kind.
+    QPS is all threads' queries over the wall time; percentiles are over every query's
+    latency. The first error of any thread is raised here."""
+    barrier = threading.Barrier(n_threads + 1)
+    lats: list[list[float]] = [[] for _ in range(n_threads)]
+    errors: list[BaseException] = []
+    deadline = 0.0
+
+    def client(t: int) -> None:
+        mine, lat, clock = params[t::n_threads] or params, lats[t], time.perf_counter
+        barrier.wait()
+        try:
+            k = 0
+            while True:
+                t1 = clock()
+                fn(mine[k % len(mine)])
+                t2 = clock()
+                lat.append(t2 - t1)
+                k += 1
+                if t2 >= deadline or errors:
+                    break
+        except BaseException as e:  # noqa: BLE001 - handed to the measuring thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(t,), name=f"bench-{t}") for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    start = time.perf_counter()
+    deadline = start + seconds
+    barrier.wait()
+    for th in threads:
+        th.join()
+    el = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    lat_all = np.array([x for lat in lats for x in lat]) * 1e3
+    k = len(lat_all)
+    ms = np.percentile(lat_all, [50, 95, 99])
+    out = {"qps": k / el, "p50_ms": float(ms[0]), "p95_ms": float(ms[1]), "p99_ms": float(ms[2]), "queries": k}
+    log(f"  [{label}, {n_threads} threads] {k:,} queries in {el:.1f}s: {out['qps']:,.1f} q/s in total, "
+        f"p50 {out['p50_ms']:.2f} ms, p95 {out['p95_ms']:.2f} ms, p99 {out['p99_ms']:.2f} ms "
+        f"(per thread: {', '.join(f'{len(lat):,}' for lat in lats)} queries)")
+    return out
+
+
 @dataclass
 class Ops:
     """One system's three queries. ``pb``/``email`` return the rows as Python objects,
@@ -261,9 +341,12 @@ class Ops:
     docs: Callable[[list], list[dict]] | None = None
 
 
-def query_phase(name: str, ops: Ops, w: Workload, args: argparse.Namespace, checks: dict, res: dict) -> None:
+def query_phase(name: str, ops: Ops, w: Workload, args: argparse.Namespace, checks: dict, res: dict,
+                threads: int = 1) -> None:
     """Check results on the checked parameters (recorded in ``checks[name]``, compared in
-    main), then measure each kind; a failing kind is reported and the others still run."""
+    main), then measure each kind; a failing kind is reported and the others still run.
+    With ``threads`` > 1 each kind is measured a second time from that many threads at once,
+    right after its single-client run (figures ``<kind>_qps_<threads>threads``, ...)."""
     prefix = "" if name == "rtindex" else f"{name}_"
     got: dict[str, dict] = {"processby": {}, "email": {}, "ctr": {}, "doc_diffs": []}
     checks[name] = got
@@ -289,6 +372,12 @@ def query_phase(name: str, ops: Ops, w: Workload, args: argparse.Namespace, chec
             m = measure(f"{name} {kind}", fn, w.params[kind], w.warm[kind], args.seconds)
             for k, v in m.items():
                 res[f"{prefix}{kind}_{k}"] = v
+            if threads > 1:
+                log(f"{name}: measuring {kind} for {args.seconds:g}s from {threads} threads ...")
+                mt = measure_threads(f"{name} {kind}", fn, w.params[kind], args.seconds, threads)
+                for k, v in mt.items():
+                    res[f"{prefix}{kind}_{k}_{threads}threads"] = v
+                res[f"{prefix}{kind}_qps_{threads}threads_vs_1thread"] = mt["qps"] / m["qps"]
         except Exception as e:  # noqa: BLE001 - a benchmark must survive a broken query
             log(f"!! {name} {kind} failed: {type(e).__name__}: {e}")
             traceback.print_exc(file=sys.stderr)
@@ -354,7 +443,7 @@ def bench_rtindex(w: Workload, args: argparse.Namespace, workdir: str, checks: d
             except Exception as e:  # noqa: BLE001
                 reports.append(f"rtindex EXPLAIN {text} -- :{key} = {param!r}: FAILED {type(e).__name__}: {e}")
         with RssSampler() as rs:
-            query_phase("rtindex", ops, w, args, checks, res)
+            query_phase("rtindex", ops, w, args, checks, res, threads=THREADS)
         res["rtindex_query_rss_peak_mb"] = rs.peak_mb
     finally:
         db.close()
@@ -482,6 +571,101 @@ def bench_duckdb(w: Workload, args: argparse.Namespace, workdir: str, checks: di
 
 
 # ---------------------------------------------------------------------------
+# chDB (ClickHouse in-process)
+# ---------------------------------------------------------------------------
+
+# Objects become named Tuples and arrays Arrays; a field absent from a row reads as its
+# type's default instead of NULL (MergeTree keys cannot be Nullable).
+CH_INFER = " SETTINGS schema_inference_make_columns_nullable = 0"
+
+
+def _ch_quote(text: str) -> str:
+    """``text`` for inside a ClickHouse '...' literal (only the --dir path is spliced in)."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _chdb_load(sess, table: str, rows: list[dict], order_by: str, index: str, workdir: str, B: int,
+               unit: str) -> float:
+    """Create ``table`` as a MergeTree ``ORDER BY order_by`` (plus a data-skipping ``index``
+    if given) with the schema ClickHouse infers from a 10,000-row sample (outside the
+    timing, as DuckDB's schema), then time the load: INSERT ... FORMAT JSONEachRow per batch
+    and OPTIMIZE ... FINAL, which merges the parts into one, the steady state (rtindex's
+    flush)."""
+    sample = os.path.join(workdir, f"{table}_sample.ndjson")
+    with open(sample, "wb") as f:
+        f.write(b"\n".join(orjson.dumps(r) for r in rows[:10_000]))
+    sess.query(f"CREATE TABLE {table} ENGINE = MergeTree ORDER BY {order_by} EMPTY AS "
+               f"SELECT * FROM file('{_ch_quote(sample)}', JSONEachRow)" + CH_INFER)
+    os.remove(sample)
+    if index:
+        sess.query(f"ALTER TABLE {table} ADD INDEX {index}")
+    dumps = orjson.dumps
+    p = Progress(f"chdb {table}", len(rows), unit=unit)
+    t0 = time.perf_counter()
+    done = 0
+    for batch in batches(rows, B):
+        sess.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + b"\n".join(dumps(r) for r in batch).decode())
+        done += len(batch)
+        p.update(done)
+    sess.query(f"OPTIMIZE TABLE {table} FINAL")
+    dt = time.perf_counter() - t0
+    p.finish(" (OPTIMIZE FINAL included)")
+    return dt
+
+
+def bench_chdb(w: Workload, args: argparse.Namespace, workdir: str, checks: dict, reports: list) -> dict:
+    try:
+        import chdb
+        from chdb import session
+    except ImportError as e:
+        log(f"chdb: skipped, it cannot be imported ({e}; pip install chdb): its figures are null")
+        return {"chdb_skipped": f"import chdb failed: {e}"}
+
+    sess = session.Session(os.path.join(workdir, "session"))
+    res: dict[str, Any] = {"chdb_version": chdb.__version__}
+    try:
+        res["chdb_clickhouse_version"] = str(sess.query("SELECT version()", "TabSeparated")).strip()
+        # How a ClickHouse user would lay the tables out for these lookups: events sorted by
+        # processBy with a bloom filter over the emails array, product_clicks by (city, product).
+        log(f"chdb: loading {len(w.events):,} events (batch {args.batch}) ...")
+        res["chdb_load_events_seconds"] = _chdb_load(
+            sess, "events", w.events, "processBy", "emails_bloom emails TYPE bloom_filter GRANULARITY 1",
+            workdir, args.batch, "docs")
+        log(f"chdb: loading {len(w.clicks):,} product_clicks ...")
+        res["chdb_load_product_clicks_seconds"] = _chdb_load(
+            sess, "product_clicks", w.clicks, "(city, product_id)", "", workdir, args.batch, "rows")
+        res["chdb_disk_mb"] = dir_size_mb(workdir)
+        for t in ("events", "product_clicks"):
+            res[f"chdb_{t}_count"] = int(str(sess.query(f"SELECT count() FROM {t}", "TabSeparated")))
+
+        for text, key, param in ((CH_PB, "p", w.check["processby"][0]), (CH_EMAIL, "e", w.check["email"][0]),
+                                 (CH_CTR, "city", w.check["ctr"][0])):
+            plan = str(sess.query("EXPLAIN indexes = 1 " + text, "TabSeparated", params={key: param}))
+            reports.append(f"chdb EXPLAIN indexes = 1 {text}   -- {key} = {param!r}\n"
+                           + "\n".join(f"  {line}" for line in plan.splitlines()))
+
+        # JSONEachRow / JSONCompactEachRow output, one orjson.loads per row: dicts for SELECT *
+        # (absent fields read as defaults, so only the _ids are compared), [product, ctr] lists.
+        loads = orjson.loads
+
+        def rows(text: str, fmt: str, params: dict) -> list:
+            return [loads(line) for line in sess.query(text, fmt, params=params).bytes().splitlines()]
+
+        ops = Ops(
+            pb=lambda p: rows(CH_PB, "JSONEachRow", {"p": p}),
+            email=lambda e: rows(CH_EMAIL, "JSONEachRow", {"e": e}),
+            ctr=lambda c: rows(CH_CTR, "JSONCompactEachRow", {"city": c}),
+            ids=lambda got: [r["_id"] for r in got],
+        )
+        with RssSampler() as rs:
+            query_phase("chdb", ops, w, args, checks, res)
+        res["chdb_query_rss_peak_mb"] = rs.peak_mb
+    finally:
+        sess.close()
+    return res
+
+
+# ---------------------------------------------------------------------------
 # Verification
 # ---------------------------------------------------------------------------
 
@@ -564,6 +748,7 @@ def _speedup(a: Any, b: Any, higher_is_better: bool) -> str:
 
 def print_table(r: dict) -> None:
     g = r.get
+    peers = SYSTEMS[1:]
     rows = []
     for kind, label in (("processby", "processBy ="), ("email", "ARRAY_CONTAINS"), ("ctr", "CTR by city")):
         for m, d, hib in (("qps", 1, True), ("p50_ms", 2, False), ("p95_ms", 2, False), ("p99_ms", 2, False)):
@@ -573,26 +758,38 @@ def print_table(r: dict) -> None:
     print(f"Query benchmark: {r['n_events']:,} events, {r['n_clicks']:,} product_clicks rows; one client, "
           f"{r['seconds']:g}s per query kind after warm-up; rtindex shards={r['shards']}, data flushed "
           f"(all sealed) before querying")
-    hdr = (f"{'metric':<28} {'rtindex':>10} {'sqlite':>10} {'duckdb':>10} {'vs sqlite':>10} {'vs duckdb':>10}"
-           "   (vs: rtindex speedup, >1 = faster)")
+    hdr = (f"{'metric':<28}" + "".join(f" {s:>10}" for s in SYSTEMS) + "".join(f" {'vs ' + s:>10}" for s in peers)
+           + "   (vs: rtindex speedup, >1 = faster)")
     print(hdr)
     print("-" * len(hdr))
     for name, key, d, hib in rows:
-        a, b, c = g(key), g(f"sqlite_{key}"), g(f"duckdb_{key}")
-        s1 = _speedup(a, b, hib) if hib is not None else ""
-        s2 = _speedup(a, c, hib) if hib is not None else ""
-        print(f"{name:<28} {_fmt(a, d):>10} {_fmt(b, d):>10} {_fmt(c, d):>10} {s1:>10} {s2:>10}")
+        a = g(key)
+        vals = [g(f"{s}_{key}") for s in peers]
+        speedups = [_speedup(a, v, hib) if hib is not None else "" for v in vals]
+        print(f"{name:<28} {_fmt(a, d):>10}" + "".join(f" {_fmt(v, d):>10}" for v in vals)
+              + "".join(f" {x:>10}" for x in speedups))
     print("-" * len(hdr))
     for cname in ("events", "product_clicks"):
         k = f"load_{cname}_seconds"
-        print(f"{'load ' + cname + ' s':<28} {_fmt(g('rtindex_' + k), 1):>10} {_fmt(g('sqlite_' + k), 1):>10} "
-              f"{_fmt(g('duckdb_' + k), 1):>10}   (not measured figures)")
-    print(f"{'on disk MB (both tables)':<28} {_fmt(g('rtindex_disk_mb'), 0):>10} {_fmt(g('sqlite_disk_mb'), 0):>10} "
-          f"{_fmt(g('duckdb_disk_mb'), 0):>10}")
+        print(f"{'load ' + cname + ' s':<28}" + "".join(f" {_fmt(g(f'{s}_{k}'), 1):>10}" for s in SYSTEMS)
+              + "   (not measured figures)")
+    print(f"{'on disk MB (both tables)':<28}" + "".join(f" {_fmt(g(f'{s}_disk_mb'), 0):>10}" for s in SYSTEMS))
+    print("-" * len(hdr))
+    if any(g(f"{kind}_qps_{THREADS}threads") for kind in KINDS):
+        print(f"rtindex, {THREADS} threads on one database at once (same parameters, split between them):")
+    for kind, label in (("processby", "processBy ="), ("email", "ARRAY_CONTAINS"), ("ctr", "CTR by city")):
+        if not g(f"{kind}_qps_{THREADS}threads"):
+            continue
+        qps, ratio = g(f"{kind}_qps_{THREADS}threads"), g(f"{kind}_qps_{THREADS}threads_vs_1thread")
+        print(f"  {label:<16} {_fmt(qps, 1):>10} q/s in total ({_fmt(ratio, 2)}x one thread), "
+              f"p50 {_fmt(g(f'{kind}_p50_ms_{THREADS}threads'), 2)} ms, "
+              f"p99 {_fmt(g(f'{kind}_p99_ms_{THREADS}threads'), 2)} ms")
     print("-" * len(hdr))
     acc = ", ".join(f"{k} {g(f'rtindex_{k}_access')}" for k in KINDS if g(f"rtindex_{k}_access"))
     if acc:
         print(f"rtindex access paths (EXPLAIN): {acc}")
+    if g("chdb_skipped"):
+        print(f"chdb skipped: {g('chdb_skipped')}")
     print(f"results checked against the generated data: {'all agree' if g('checks_agree') else 'MISMATCHES'} "
           f"({g('check_mismatches')} problems)")
     for k in sorted(r):
@@ -605,7 +802,7 @@ def print_table(r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="100k events, 1M product_clicks rows, 4 s per kind (< 3 min)")
+    ap.add_argument("--quick", action="store_true", help="100k events, 1M product_clicks rows, 4 s per kind (about 4 min)")
     ap.add_argument("--events", type=int, default=None, help="number of events (default 1,000,000)")
     ap.add_argument("--clicks", type=int, default=None, help="number of product_clicks rows (default 10,000,000)")
     ap.add_argument("--seconds", type=float, default=None, help="measuring time per query kind and system "
@@ -617,8 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=10_000, help="load batch / transaction size (default 10,000)")
     ap.add_argument("--dir", default=None, help="parent of the temporary working directory (default /tmp)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--systems", default="rtindex,sqlite,duckdb",
-                    help="comma-separated subset of rtindex,sqlite,duckdb")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help=f"comma-separated subset of {','.join(SYSTEMS)} (default all)")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
     args = ap.parse_args(argv)
 
@@ -629,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds is None:
         args.seconds = 4.0 if args.quick else 10.0
     systems = {s.strip() for s in args.systems.split(",") if s.strip()}
-    unknown = systems - {"rtindex", "sqlite", "duckdb"}
+    unknown = systems - set(SYSTEMS)
     if unknown:
         ap.error(f"unknown systems: {', '.join(sorted(unknown))}")
     if n_events < 1 or n_clicks < 1:
@@ -651,7 +848,8 @@ def main(argv: list[str] | None = None) -> int:
         w = make_workload(events, clicks, args.seed)
         step = max(1, n_events // 1000)
         fingerprint = [orjson.dumps(events[i]) for i in range(0, n_events, step)]
-        for name, fn in (("rtindex", bench_rtindex), ("sqlite", bench_sqlite), ("duckdb", bench_duckdb)):
+        for name, fn in (("rtindex", bench_rtindex), ("sqlite", bench_sqlite), ("duckdb", bench_duckdb),
+                         ("chdb", bench_chdb)):
             if name not in systems:
                 continue
             sub = os.path.join(workdir, name)
@@ -671,17 +869,23 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         log(f"!! MISMATCH {line}")
     out: dict[str, Any] = {}
-    for prefix in ("", "sqlite_", "duckdb_"):
+    for prefix in ("", "sqlite_", "duckdb_", "chdb_"):
         for key in ("processby_qps", "processby_p50_ms", "processby_p99_ms", "email_qps", "email_p50_ms",
                     "email_p99_ms", "ctr_p50_ms", "ctr_p95_ms"):
             out[prefix + key] = results.get(prefix + key)
+    for kind in KINDS:
+        for key in (f"qps_{THREADS}threads", f"p50_ms_{THREADS}threads", f"p99_ms_{THREADS}threads",
+                    f"qps_{THREADS}threads_vs_1thread"):
+            out[f"{kind}_{key}"] = results.get(f"{kind}_{key}")
     for kind in ("processby", "email"):
-        for peer in ("sqlite", "duckdb"):
+        for peer in ("sqlite", "duckdb", "chdb"):
             a, b = results.get(f"{kind}_qps"), results.get(f"{peer}_{kind}_qps")
             out[f"{kind}_qps_vs_{peer}"] = a / b if a and b else None
     peers = [results[k] for k in ("sqlite_ctr_p50_ms", "duckdb_ctr_p50_ms") if results.get(k)]
     out["ctr_speedup_vs_fastest_peer"] = (min(peers) / results["ctr_p50_ms"]
                                           if peers and results.get("ctr_p50_ms") else None)
+    a, b = results.get("ctr_p50_ms"), results.get("chdb_ctr_p50_ms")
+    out["ctr_speedup_vs_chdb"] = b / a if a and b else None
     out["peak_rss_mb"] = peak_rss_mb()
     for k in sorted(results):
         if k not in out:
