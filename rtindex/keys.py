@@ -63,14 +63,10 @@ STR_END = b"\x00\x00"
 
 def encode_path(path: Sequence[str]) -> bytes:
     """Encode a field path (a tuple of names); sorts by segment, then by depth."""
-    if type(path) is tuple:  # every lookup encodes its path: remembered (a query's are few)
-        return _encode_tuple(path)
-    if not path:
-        raise ValueError("empty field path")
-    return PATH_SEP.join(escape(p.encode("utf-8")) for p in path) + PATH_END
+    return _encode_tuple(path if type(path) is tuple else tuple(path))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)  # every lookup encodes its path: remembered (a query's are few)
 def _encode_tuple(path: tuple[str, ...]) -> bytes:
     if not path:
         raise ValueError("empty field path")

@@ -154,11 +154,12 @@ class Snapshot:
         p = keys.split_path(path)
         return Postings(self, self._term_parts([keys.term(p, tag, v) for tag, v in _typed(value)]))
 
-    def _term_parts(self, terms: list[bytes], where: list[bytes] | None = None) -> dict[tuple[int, int], BitMap]:
-        """Offsets of the rows holding any of ``terms``, per (shard, base) (Postings parts);
-        ``where``: column keys such that, in a view holding one of them, a hit counts only
-        if it also holds the term ``where[-1]`` (see :meth:`elements`). Sealed segments are
-        looked up in one compiled call per shard and term."""
+    def _term_parts(self, terms: list[bytes], scalars: list[bytes] | None = None,
+                    marker: bytes | None = None) -> dict[tuple[int, int], BitMap]:
+        """Offsets of the rows holding any of ``terms``, per (shard, base) (Postings parts).
+        With ``scalars`` (column keys), in a view that has one of those columns a hit counts
+        only if the row also holds the term ``marker`` (see :meth:`elements`). Sealed
+        segments are looked up in one compiled call per shard and term."""
         self._check()
         parts: dict[tuple[int, int], BitMap] = {}
         for i, st in enumerate(self.states):
@@ -177,8 +178,8 @@ class Snapshot:
             for v, bm in hits:
                 if v.deleted:
                     bm = bm - v.deleted
-                if where is not None and shard.has_columns(v, where[:-1]):
-                    bm &= shard.term(v, where[-1])
+                if scalars is not None and shard.has_columns(v, scalars):
+                    bm &= shard.term(v, marker)
                 if bm:
                     k = (i, v.base)
                     parts[k] = parts[k] | bm if k in parts else bm
@@ -195,7 +196,7 @@ class Snapshot:
         typed = _typed(value)
         terms = [keys.term(p, tag, v) for tag, v in typed]
         scalars = [keys.column_key(p, tag) for tag, _ in typed]
-        return Postings(self, self._term_parts(terms, where=scalars + [keys.column_key(p, keys.ARRAY)]))
+        return Postings(self, self._term_parts(terms, scalars, keys.column_key(p, keys.ARRAY)))
 
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
               hi_inclusive: bool = False, budget: list[int] | None = None) -> Postings:
@@ -240,7 +241,7 @@ class Snapshot:
         if not prefixes:
             return Postings(self, {})
         markers = [keys.column_key(q, keys.ARRAY) for q in prefixes]
-        if all(st.index().column_keys.isdisjoint(markers) and not st.index().mem for st in self.states):
+        if all(index.column_keys.isdisjoint(markers) and not index.mem for index in (st.index() for st in self.states)):
             self._check()
             return Postings(self, {})  # the common case: no array on the way in any segment
 

@@ -9,6 +9,8 @@ names a nested field ``o.x`` where DuckDB says ``x``), floats rounded, unless ``
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 
 import duckdb
@@ -47,6 +49,21 @@ def documents(draw, collection: str, max_size: int = 25) -> list[dict]:
             d["o"] = {"x": draw(st.integers(-3, 3))} if draw(st.booleans()) else {"s": draw(st.sampled_from(STRINGS))}
         docs.append(d)
     return docs
+
+
+@contextmanager
+def loaded(path: str, collections: dict[str, tuple[list[dict], int]]) -> Iterator[tuple[rtindex.Database, duckdb.DuckDBPyConnection]]:
+    """An rtindex database at ``path`` and an in-memory DuckDB holding the same documents:
+    each name -> (documents, shards) is a collection there and a native table here."""
+    with rtindex.open(path) as db:
+        con = duckdb.connect()
+        try:
+            for name, (docs, shards) in collections.items():
+                db.create_collection(name, shards=shards).ingest(docs)
+                native(con, name, docs)
+            yield db, con
+        finally:
+            con.close()
 
 
 def native(con: duckdb.DuckDBPyConnection, name: str, docs: list[dict]) -> None:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 
-import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sql_oracle import check, documents, native
+from sql_oracle import check, documents, loaded
 
 import rtindex
 from rtindex import SqlError
@@ -47,15 +46,8 @@ def fixed(tmp_path_factory):
          {"_id": 4, "i": 3, "f": 3.0, "b": True}]
     u = [{"_id": 0, "k": 1, "w": 2, "name": "a"}, {"_id": 1, "k": 1, "w": 5, "name": "ba"},
          {"_id": 2, "k": 3, "w": 3}, {"_id": 3, "k": None, "w": 1, "name": "b"}]
-    db = rtindex.open(str(tmp_path_factory.mktemp("joins") / "db"))
-    db.create_collection("t", shards=2).ingest(t)
-    db.create_collection("u").ingest(u)
-    con = duckdb.connect()
-    native(con, "t", t)
-    native(con, "u", u)
-    yield db, con
-    con.close()
-    db.close()
+    with loaded(str(tmp_path_factory.mktemp("joins") / "db"), {"t": (t, 2), "u": (u, 4)}) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("sql", QUERIES)
@@ -67,14 +59,8 @@ def test_query_matches_duckdb(fixed, sql):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(t=documents("t", 15), u=documents("u", 10), sql=st.sampled_from(QUERIES))
 def test_generated_documents_match_duckdb(tmp_path_factory, t, u, sql):
-    with rtindex.open(str(tmp_path_factory.mktemp("gen") / "db")) as db:
-        db.create_collection("t", shards=2).ingest(t)
-        db.create_collection("u").ingest(u)
-        con = duckdb.connect()
-        native(con, "t", t)
-        native(con, "u", u)
+    with loaded(str(tmp_path_factory.mktemp("gen") / "db"), {"t": (t, 2), "u": (u, 4)}) as (db, con):
         check(db, con, sql)
-        con.close()
 
 
 def test_a_collection_referenced_twice_is_read_once(fixed):

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sql_oracle import check, documents, native
+from sql_oracle import check, documents, loaded
 
 import rtindex
 
@@ -57,13 +56,8 @@ def fixed(tmp_path_factory):
             {"_id": 3, "i": None, "f": 2.0, "s": "ba", "o": {"s": "x"}},
             {"_id": 4, "i": 3, "f": 3.0, "b": True},
             {"_id": 5, "i": 0, "f": 0.0, "s": "", "b": False, "o": {"x": 0}}]
-    db = rtindex.open(str(tmp_path_factory.mktemp("residual") / "db"))
-    db.create_collection("t", shards=2).ingest(docs)
-    con = duckdb.connect()
-    native(con, "t", docs)
-    yield db, con
-    con.close()
-    db.close()
+    with loaded(str(tmp_path_factory.mktemp("residual") / "db"), {"t": (docs, 2)}) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("sql", QUERIES)
@@ -75,12 +69,8 @@ def test_query_matches_duckdb(fixed, sql):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(docs=documents("t"), sql=st.sampled_from(QUERIES))
 def test_generated_documents_match_duckdb(tmp_path_factory, docs, sql):
-    with rtindex.open(str(tmp_path_factory.mktemp("gen") / "db")) as db:
-        db.create_collection("t", shards=2).ingest(docs)
-        con = duckdb.connect()
-        native(con, "t", docs)
+    with loaded(str(tmp_path_factory.mktemp("gen") / "db"), {"t": (docs, 2)}) as (db, con):
         check(db, con, sql)
-        con.close()
 
 
 def test_index_part_and_residual_in_explain(fixed):

@@ -175,7 +175,7 @@ class SqlEngine:
             plans = run.plans(explain=True)
             for src, source_run, plan in zip(q.sources, run.runs, plans):
                 plan.references = reference_lines(source_run, plan, src.references)
-            return _multi_plan(plans, run.duck_text(run.frames(plans)))  # typed over the frames: they are read
+            return _multi_plan(plans, run.duck_text(run.frames(plans), run.duck_params()))  # typed over the frames: they are read
         run = _Execution(self, q, params, access)
         plan = run.choose(explain=True)
         # the text DuckDB would run: typed by the rows the path reads (rule 2), so they are read

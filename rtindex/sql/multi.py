@@ -75,10 +75,11 @@ class MultiExecution:
         """The frame of each collection, by the name the DuckDB text reads it as."""
         return {src.frame: self.frame(run, plan, src) for src, run, plan in zip(self.q.sources, self.runs, plans)}
 
-    def duck_text(self, tables: dict[str, pa.Table]) -> str:
-        """The DuckDB text with rule 2 applied over these frames (typed.rewrite)."""
+    def duck_text(self, tables: dict[str, pa.Table], params: dict[str, Any]) -> str:
+        """The DuckDB text with rule 2 applied over these frames (typed.rewrite); ``params``:
+        :meth:`duck_params`."""
         return typed.rewrite(self.q.duck_sql, {name: typed.columns_of(t.schema) for name, t in tables.items()},
-                             self.duck_params())
+                             params)
 
     def run(self, plans: list[Plan]) -> Result:
         t0 = time.perf_counter()
@@ -89,7 +90,7 @@ class MultiExecution:
         duck = self.engine.duck()
         budget = self.engine.max_result_bytes
         access = access_of(plans)
-        text = self.duckdb_sql = self.duck_text(tables)
+        text = self.duckdb_sql = self.duck_text(tables, params)
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
             return duck.stream(text, tables, params, batch_rows)
