@@ -56,14 +56,28 @@ def missing_extensions_hint(package: Path) -> str:
 
 
 if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
-    from rtindex._py.blocks import TermIndex, block_get, block_range, merge_blocks, terms_get
+    from rtindex._py.blocks import (
+        TermFilterBuilder,
+        TermIndex,
+        block_get,
+        block_range,
+        merge_blocks,
+        terms_get,
+    )
     from rtindex._py.lru import RowCache, copy_json, untrack_json
     from rtindex._py.segment import SegmentBuilder
 
     IMPLEMENTATION = "python"
 else:
     try:
-        from rtindex._ext._blocks import TermIndex, block_get, block_range, merge_blocks, terms_get
+        from rtindex._ext._blocks import (
+            TermFilterBuilder,
+            TermIndex,
+            block_get,
+            block_range,
+            merge_blocks,
+            terms_get,
+        )
         from rtindex._ext._lru import RowCache, copy_json, untrack_json
         from rtindex._ext._segment import SegmentBuilder
     except ImportError as e:  # pragma: no cover - depends on the build (tests/test_impl.py runs it)
@@ -75,6 +89,7 @@ __all__ = [
     "IMPLEMENTATION",
     "RowCache",
     "SegmentBuilder",
+    "TermFilterBuilder",
     "TermIndex",
     "block_get",
     "block_range",

@@ -15,7 +15,15 @@ Layout (integers little-endian)::
     footer:  u32 n_blocks, then per block: u32 len(first term), first term, u64 offset, u32 length
              u32 n_columns, then per column: u32 len(key), column key, u64 offset, u64 length
              u64 base, u64 n, u32 len(live), live (serialized roaring bitmap of offsets)
+             u32 len(filter), u32 pad, pad zero bytes, filter (the term filter; see below)
     trailer: u64 footer offset, u32 footer length, u32 crc32(footer), magic
+
+The term filter (rtindex/_py/blocks.py documents its format) lets a point lookup skip a
+segment that lacks its term after reading one 64-byte block: a selective term is in one
+or two segments of a shard, and a shard has tens of them. ``pad`` (< 64) puts the filter's
+first bit block at a file offset that is a multiple of 64, so a probe reads one cache line.
+Files written before the filter existed end the footer after ``live``; they open and are
+read without a filter (each lookup then reads a term block).
 
 A file appears under its final name only complete and fsync'ed (written under a temporary
 name, then renamed, then the directory fsync'ed); the segment exists once its descriptor is
@@ -34,7 +42,7 @@ import pyarrow as pa
 from pyroaring import FrozenBitMap
 
 from rtindex import columns
-from rtindex._impl import TermIndex
+from rtindex._impl import TermFilterBuilder, TermIndex
 from rtindex.errors import CorruptionError, StorageError
 
 MAGIC = b"RTSEG\x00\x00\x01"
@@ -44,6 +52,8 @@ _U32 = struct.Struct("<I")
 _BLOCK_POS = struct.Struct("<QI")
 _COL_POS = struct.Struct("<QQ")
 _BASE_N = struct.Struct("<QQ")
+_FILTER_POS = struct.Struct("<II")  # len(filter), pad
+_FILTER_HEADER = 12  # the term filter's header (rtindex/_py/blocks.py); its 64-byte bit blocks follow
 
 
 def file_name(segid: int) -> str:
@@ -104,7 +114,9 @@ def write_segment(directory: str, segid: int, base: int, n: int, live: FrozenBit
             pos = len(MAGIC)
             n_blocks = 0
             entries = bytearray()
+            term_filter = TermFilterBuilder()
             for first, block in blocks:
+                term_filter.add_block(block)
                 entries += _U32.pack(len(first)) + first + _BLOCK_POS.pack(pos, len(block))
                 f.write(block)
                 pos += len(block)
@@ -119,6 +131,9 @@ def write_segment(directory: str, segid: int, base: int, n: int, live: FrozenBit
                 n_cols += 1
             live_raw = live.serialize()
             footer += _U32.pack(n_cols) + entries + _BASE_N.pack(base, n) + _U32.pack(len(live_raw)) + live_raw
+            filter_raw = term_filter.finish()
+            pad = -(pos + len(footer) + _FILTER_POS.size + _FILTER_HEADER) % 64
+            footer += _FILTER_POS.pack(len(filter_raw), pad) + bytes(pad) + filter_raw
             f.write(footer)
             f.write(_TRAILER.pack(pos, len(footer), zlib.crc32(footer), MAGIC))
             f.flush()
@@ -160,7 +175,7 @@ class SegmentFile:
     """A mapped segment file: lookups return zero-copy slices of the map. The map lives as
     long as this object and any slice handed out (a reader's arrays keep it alive)."""
 
-    __slots__ = ("path", "base", "n", "live", "block_keys", "_block_pos", "column_keys", "_col_pos", "_buf")
+    __slots__ = ("path", "base", "n", "live", "block_keys", "_block_pos", "column_keys", "_col_pos", "_buf", "_terms")
 
     def __init__(self, path: str, buf: pa.Buffer):
         self.path = path
@@ -201,19 +216,32 @@ class SegmentFile:
             (ll,) = _U32.unpack_from(footer, p)
             p += 4
             self.live = FrozenBitMap.deserialize(footer[p:p + ll])
+            p += ll
+            term_filter = None
+            if p < len(footer):  # files written before the term filter end here
+                fl, pad = _FILTER_POS.unpack_from(footer, p)
+                p += _FILTER_POS.size + pad
+                if pad >= 64 or p + fl != len(footer):
+                    raise ValueError(f"a term filter of {fl} bytes after {pad} bytes of padding does not end the footer")
+                term_filter = buf.slice(foot_off + p, fl)  # zero-copy: the probes read the map
         except (struct.error, ValueError) as e:
             raise CorruptionError(f"segment file {path} is damaged (footer does not decode: {e})") from e
         for off, ln in pos + list(cols.values()):
             if off + ln > foot_off:
                 raise CorruptionError(f"segment file {path} is damaged (an entry points past its data)")
+        try:
+            self._terms = TermIndex(buf, keys_, pos, term_filter)
+        except CorruptionError as e:
+            raise CorruptionError(f"segment file {path} is damaged ({e})") from e
         self.block_keys = keys_
         self._block_pos = pos
         self.column_keys = tuple(cols)
         self._col_pos = cols
 
     def term_index(self) -> TermIndex:
-        """The term dictionary of this file, for point lookups (rtindex._impl.TermIndex)."""
-        return TermIndex(self._buf, self.block_keys, self._block_pos)
+        """The term dictionary of this file, for point lookups (rtindex._impl.TermIndex),
+        with the file's term filter when it has one."""
+        return self._terms
 
     def block(self, i: int) -> pa.Buffer:
         off, ln = self._block_pos[i]

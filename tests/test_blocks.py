@@ -148,23 +148,135 @@ def test_round_trip(M, entries, target, probes):
         assert M.block_first_last(block) == (terms[0], terms[-1]) and first == terms[0]
 
 
+def term_filter(M, blocks):
+    b = M.TermFilterBuilder()
+    for _, block in blocks:
+        b.add_block(block)
+    return b.finish()
+
+
 @impls
 @SETTINGS
 @given(entries=entries_st(), target=targets_st, probes=st.lists(terms_st, max_size=10),
-       pad=st.integers(0, 5))
-def test_term_index_finds_what_brute_force_finds(M, entries, target, probes, pad):
+       pad=st.integers(0, 5), filtered=st.booleans())
+def test_term_index_finds_what_brute_force_finds(M, entries, target, probes, pad, filtered):
     # the blocks laid out back to back behind ``pad`` bytes, as in a segment file
     blocks = build(M, entries, target)
     data, positions = bytearray(b"x" * pad), []
     for _, block in blocks:
         positions.append((len(data), len(block)))
         data += block
-    index = M.TermIndex(bytes(data), [f for f, _ in blocks], positions)
+    flt = term_filter(M, blocks) if filtered else None
+    index = M.TermIndex(bytes(data), [f for f, _ in blocks], positions, flt)
     want = {t: BitMap(v) for t, v in entries}
-    empty = M.TermIndex(b"", [], [])
+    empty = M.TermIndex(b"", [], [], term_filter(M, []) if filtered else None)
+    assert all(index.may_contain(t) for t in want)  # a filter never rules out a present term
     for t in [t for t, _ in entries] + probes:
         assert index.get(t) == want.get(t)
-        assert M.terms_get([index, empty, index], t) == [want.get(t), None, want.get(t)]
+        assert M.terms_get([index, empty, index], t) == ([(0, want[t]), (2, want[t])] if t in want else [])
+
+
+# ---- term filter ----------------------------------------------------------------------
+
+filter_terms_st = st.lists(terms_st | st.binary(min_size=9, max_size=40), max_size=300, unique=True).map(sorted)
+
+
+@needs_cython
+@SETTINGS
+@given(terms=filter_terms_st, target=targets_st)
+def test_term_filter_matches_reference_bytes(terms, target):
+    blocks = build(C, [(t, [1]) for t in terms], target)
+    flt = term_filter(C, blocks)
+    assert flt == term_filter(P, blocks)
+    c = C.TermIndex(b"", [], [], flt)
+    p = P.TermIndex(b"", [], [], flt)
+    for t in terms + [t + b"\x00" for t in terms[:50]]:
+        assert c.may_contain(t) == p.may_contain(t)
+
+
+@impls
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 3000), keyed=st.booleans())
+def test_term_filter_false_positive_rate(M, seed, n, keyed):
+    """About 1% of absent terms pass (10 bits per term, k = 7); the bound leaves room."""
+    rnd = random.Random(seed)
+    if keyed:  # terms as a segment has them: one path, values that differ in a few bytes
+        terms = sorted({b"\x01emails\x00\x05" + b"user%d@example.com" % rnd.randrange(10**9) for _ in range(n)})
+    else:
+        terms = sorted({rnd.randbytes(rnd.randrange(12)) for _ in range(n)})
+    index = M.TermIndex(b"", [], [], term_filter(M, build(M, [(t, [1]) for t in terms])))
+    assert all(index.may_contain(t) for t in terms)
+    absent = [b"\xfe" + rnd.randbytes(rnd.randrange(1, 24)) for _ in range(20_000)]
+    assert sum(index.may_contain(t) for t in absent) <= 0.02 * len(absent)
+
+
+def test_term_filter_format_is_pinned():
+    """The hash and the bits of one term, byte by byte: the filter is part of the on-disk layout."""
+    assert P._hash(b"") == 0xF52A15E9A9B5E89B
+    assert P._hash(b"a") == 0x02C0BDBF481420F8
+    bits = bytearray(64)
+    for bit in (113, 161, 195, 382, 399, 476, 484):
+        bits[bit >> 3] |= 1 << (bit & 7)
+    want = b"RTF\x01" + struct.pack("<II", 1, 7) + bytes(bits)
+    for M in IMPLS:
+        assert term_filter(M, build(M, [(b"a", [1])])) == want
+        assert term_filter(M, []) == b"RTF\x01" + struct.pack("<II", 1, 7) + bytes(64)
+
+
+def filter_outcome(M, flt):
+    try:
+        M.TermIndex(b"", [], [], flt)
+        return "ok"
+    except CorruptionError:
+        return "corrupt"
+
+
+@impls
+@pytest.mark.parametrize("flt", [
+    b"",
+    b"RTF\x01" + struct.pack("<I", 1),  # short header
+    b"RTX\x01" + struct.pack("<II", 1, 7) + bytes(64),  # magic
+    b"RTF\x02" + struct.pack("<II", 1, 7) + bytes(64),  # a future version
+    b"RTF\x01" + struct.pack("<II", 0, 7),  # no blocks
+    b"RTF\x01" + struct.pack("<II", 1, 0) + bytes(64),  # k = 0
+    b"RTF\x01" + struct.pack("<II", 1, 17) + bytes(64),  # k too large
+    b"RTF\x01" + struct.pack("<II", 2, 7) + bytes(64),  # fewer blocks than it says
+    b"RTF\x01" + struct.pack("<II", 1, 7) + bytes(65),  # more
+], ids=["empty", "short", "magic", "version", "no-blocks", "k0", "k17", "short-bits", "long-bits"])
+def test_malformed_filters_are_refused(M, flt):
+    with pytest.raises(CorruptionError, match="term filter"):
+        M.TermIndex(b"", [], [], flt)
+
+
+@SETTINGS
+@given(edits=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 255)), min_size=1, max_size=3),
+       cut=st.integers(0, 200))
+def test_mutated_filters_agree(edits, cut):
+    """Both implementations accept or refuse the same damaged filters; an accepted one is a
+    well-formed filter (its bits cannot be checked: the segment file's checksum covers them)."""
+    flt = bytearray(term_filter(P, build(P, [(b"t%03d" % i, [1]) for i in range(100)])))
+    for pos, byte in edits:
+        flt[pos] = byte
+    flt = bytes(flt[:len(flt) - cut])
+    results = {filter_outcome(M, flt) for M in IMPLS}
+    assert len(results) == 1
+    if results == {"ok"}:
+        n_blocks, k = struct.unpack_from("<II", flt, 4)
+        assert flt[:4] == b"RTF\x01" and 1 <= k <= 16 and len(flt) == 12 + 64 * n_blocks
+
+
+@impls
+def test_term_filter_builder_validates_blocks(M):
+    b = M.TermFilterBuilder()
+    with pytest.raises(CorruptionError):
+        b.add_block(b"RTB\x01")
+    with pytest.raises(TypeError):
+        b.add_block(12)
+    for buf in (bytearray, memoryview):  # any contiguous buffer
+        b.add_block(buf(build(M, [(b"a", [1]), (b"b", [2])])[0][1]))
+    assert b.n_terms == 4
+    with pytest.raises(TypeError):
+        M.TermIndex(b"", [], [], None).may_contain("a")
 
 
 @impls
@@ -451,6 +563,7 @@ def read_all(M, block, term, lo, hi):
         outcome(lambda: M.block_items(block)),
         outcome(lambda: M.block_first_last(block)),
         outcome(lambda: list(M.merge_blocks([([block], 0, None), ([block], 7, BitMap([3]))], 64))),
+        outcome(lambda: term_filter(M, [(b"", block)])),
     ]
 
 

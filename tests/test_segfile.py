@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 
 import pyarrow as pa
 import pytest
@@ -62,8 +64,11 @@ def test_damage_is_corruption_naming_the_file(tmp_path, damage):
 
 
 def test_a_failed_write_leaves_no_file(tmp_path):
+    b = SegmentBuilder()
+    b.add({"_id": 1})
+
     def blocks():
-        yield b"\x00first", b"x" * 10
+        yield next(iter(b.write_blocks(256)))
         raise OSError(28, "No space left on device")
 
     with pytest.raises(StorageError, match="No space left"):
@@ -88,3 +93,104 @@ def test_a_mapped_file_outlives_its_unlink(tmp_path):
     _, f = _segment(tmp_path)
     segfile.remove_segment(str(tmp_path), 7)
     assert f.column(keys.column_key(("x",), keys.FLOAT)).to_pylist()[:3] == [0.0, 1.5, 3.0]
+
+
+# ---- the term filter -------------------------------------------------------------------
+
+_TRAILER = struct.Struct("<QII8s")
+
+
+def _rewrite_footer(path, edit):
+    """Replace the footer of the file at ``path`` by ``edit(footer)``, with a valid trailer
+    (so only what the edit did is wrong)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    foot_off, foot_len, _, magic = _TRAILER.unpack(data[-_TRAILER.size:])
+    footer = edit(bytearray(data[foot_off:foot_off + foot_len]))
+    with open(path, "wb") as fh:
+        fh.write(data[:foot_off] + footer + _TRAILER.pack(foot_off, len(footer), zlib.crc32(footer), magic))
+
+
+def _filter_section(footer):
+    """(start of the section, start of the filter) in a footer: the section is the footer's
+    tail ``u32 len(filter), u32 pad, pad zero bytes, filter``."""
+    start = footer.rindex(b"RTF\x01")
+    for pad in range(64):
+        if struct.unpack_from("<II", footer, start - pad - 8) == (len(footer) - start, pad):
+            return start - pad - 8, start
+    raise AssertionError("no term filter section")
+
+
+def _terms(n):
+    present = [keys.term(("_id",), keys.INT, i) for i in range(n)]
+    present += [keys.term(("k",), keys.STRING, f"v{i}") for i in range(5)]
+    absent = [keys.term(("_id",), keys.INT, i) for i in range(n, n + 4000)]
+    absent += [keys.term(("k",), keys.STRING, f"w{i}") for i in range(4000)]
+    return present, absent
+
+
+def test_point_lookups_ask_the_term_filter(tmp_path):
+    b, f = _segment(tmp_path, n=500)
+    index = f.term_index()
+    present, absent = _terms(500)
+    for t in present:  # no false negatives, and the postings are those written
+        assert index.may_contain(t)
+        assert list(index.get(t)) == list(b.postings(t, 500)) != []
+    passed = sum(index.may_contain(t) for t in absent)
+    assert passed <= 0.02 * len(absent)
+    assert all(index.get(t) is None for t in absent)
+    with open(f.path, "rb") as fh:
+        data = fh.read()
+    foot_off = _TRAILER.unpack(data[-_TRAILER.size:])[0]
+    _, start = _filter_section(data[foot_off:-_TRAILER.size])
+    assert (foot_off + start + 12) % 64 == 0  # bit blocks aligned: one probe, one cache line
+
+
+def test_files_without_a_term_filter_still_work(tmp_path):
+    """A file in the layout of before the filter (the footer ends after ``live``)."""
+    b, f = _segment(tmp_path, n=500)
+    _rewrite_footer(f.path, lambda footer: footer[:_filter_section(footer)[0]])
+    old = segfile.open_segment(str(tmp_path), 7)
+    assert (old.base, old.n, old.block_keys, old.column_keys) == (f.base, f.n, f.block_keys, f.column_keys)
+    index = old.term_index()
+    present, absent = _terms(500)
+    assert all(index.may_contain(t) for t in absent)  # no filter: every segment may hold it
+    for t in present:
+        assert list(index.get(t)) == list(b.postings(t, 500)) != []
+    assert all(index.get(t) is None for t in absent)
+
+
+def _set_k(footer, k):
+    struct.pack_into("<I", footer, _filter_section(footer)[1] + 8, k)
+    return footer
+
+
+def _bad_pad(footer):
+    section, _ = _filter_section(footer)
+    struct.pack_into("<I", footer, section + 4, 64)
+    return footer
+
+
+@pytest.mark.parametrize("edit", [
+    lambda footer: footer[:-1],  # truncated filter
+    lambda footer: footer + b"\x00",  # bytes after the filter
+    lambda footer: _set_k(footer, 0),
+    lambda footer: _set_k(footer, 99),
+    lambda footer: footer[:_filter_section(footer)[0] + 3],  # a cut section header
+    _bad_pad,
+], ids=["truncated", "trailing", "k0", "k99", "cut-header", "pad"])
+def test_a_damaged_term_filter_is_corruption(tmp_path, edit):
+    _, f = _segment(tmp_path)
+    _rewrite_footer(f.path, edit)
+    with pytest.raises(CorruptionError, match=segfile.file_name(7)):
+        segfile.open_segment(str(tmp_path), 7)
+
+
+def test_a_flipped_filter_bit_fails_the_checksum(tmp_path):
+    _, f = _segment(tmp_path)
+    with open(f.path, "r+b") as fh:
+        data = fh.read()
+        fh.seek(data.rindex(b"RTF\x01") + 20)
+        fh.write(bytes([data[data.rindex(b"RTF\x01") + 20] ^ 1]))
+    with pytest.raises(CorruptionError, match="checksum"):
+        segfile.open_segment(str(tmp_path), 7)

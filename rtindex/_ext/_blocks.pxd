@@ -176,3 +176,9 @@ cdef class _Merger:
     cdef bint finished          # every input exhausted and the writer flushed
     cdef object next_block(self)
     cdef object slow_step(self)
+
+
+cdef class TermFilterBuilder:
+    cdef uint64_t* hashes       # the hash of every term added so far, in order
+    cdef Py_ssize_t n           # terms added
+    cdef Py_ssize_t cap         # slots allocated for hashes

@@ -29,6 +29,21 @@ Lookups binary-search the offsets table and read only the probed entries, so the
 O(log n) and never decode the others. Every read is checked against the block's bounds: a
 truncated or garbage block raises :class:`~rtindex.errors.CorruptionError` (validation is
 lazy, so a damaged entry that is never probed goes unnoticed).
+
+Term filter: a blocked Bloom filter over every term of a segment, so that a point lookup in
+a segment that lacks the term reads one 64-byte block instead of a term block (a selective
+term is in one or two of a shard's segments; it is looked up in all of them)::
+
+    offset 0    magic      b"RTF\x01" (format version 1)
+    offset 4    n_blocks   uint32, >= 1
+    offset 8    k          uint32, bits set per term, 1..16
+    offset 12   n_blocks bit blocks of 64 bytes; bit j of a block is bit j % 8 of its byte j // 8
+
+A term's hash ``h`` is FNV-1a 64 of its bytes followed by splitmix64's finalizer (stored on
+disk, so it must not be Python's ``hash``). Its block is ``((h >> 32) * n_blocks) >> 32``;
+its k bits in that block are the top 9 bits of ``x``, ``x * C``, ... ``x * C**(k-1)`` where
+``x = (h mod 2**32) * C`` and ``C = 0x9E3779B9``, all mod 2**32. A builder sizes the filter at
+10 bits per term with k = 7: about 1% of absent terms pass (measured), none present fail.
 """
 
 from __future__ import annotations
@@ -56,12 +71,15 @@ _MAXU32 = 0xFFFFFFFF
 
 __all__ = [
     "BlockWriter",
+    "TermFilterBuilder",
+    "TermIndex",
     "block_cardinality",
     "block_first_last",
     "block_get",
     "block_items",
     "block_range",
     "merge_blocks",
+    "terms_get",
 ]
 
 
@@ -311,11 +329,86 @@ def block_get(block: bytes, term: bytes) -> BitMap | None:
     return blk.bitmap(kind, ps, pe)
 
 
+# ---- term filter ----------------------------------------------------------------------
+
+FILTER_MAGIC = b"RTF\x01"
+FILTER_BITS_PER_TERM = 10
+FILTER_K = 7
+FILTER_MAX_K = 16
+_FILTER_HDR = struct.Struct("<4sII")
+_M64 = (1 << 64) - 1
+_M32 = (1 << 32) - 1
+
+
+def _hash(term: bytes) -> int:
+    """FNV-1a 64, then splitmix64's finalizer."""
+    h = 0xCBF29CE484222325
+    for c in term:
+        h = ((h ^ c) * 0x100000001B3) & _M64
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _M64
+    return h ^ (h >> 31)
+
+
+def _bits(h: int, n_blocks: int, k: int) -> Iterator[int]:
+    """Byte index (from the first bit block) and bit of each of the k bits of hash ``h``."""
+    base = 64 * (((h >> 32) * n_blocks) >> 32)
+    x = h & _M32
+    for _ in range(k):
+        x = (x * 0x9E3779B9) & _M32
+        bit = x >> 23
+        yield base + (bit >> 3), 1 << (bit & 7)
+
+
+def _filter_header(f: bytes) -> tuple[int, int]:
+    """(n_blocks, k) of a validated filter."""
+    if len(f) < _FILTER_HDR.size:
+        raise CorruptionError(f"term filter of {len(f)} bytes is too short")
+    magic, n_blocks, k = _FILTER_HDR.unpack_from(f, 0)
+    if magic != FILTER_MAGIC:
+        raise CorruptionError(f"term filter has a bad magic number {magic!r}")
+    if n_blocks == 0 or not 1 <= k <= FILTER_MAX_K:
+        raise CorruptionError(f"term filter header is malformed ({n_blocks} blocks, k = {k})")
+    if len(f) != _FILTER_HDR.size + 64 * n_blocks:
+        raise CorruptionError(f"term filter of {len(f)} bytes does not hold its {n_blocks} blocks")
+    return n_blocks, k
+
+
+class TermFilterBuilder:
+    """Builds the term filter of a segment from its encoded blocks (terms only; postings are
+    never decoded), keeping each term's hash until :meth:`finish` sizes the filter."""
+
+    def __init__(self):
+        self._hashes: list[int] = []
+
+    @property
+    def n_terms(self) -> int:
+        """Number of terms added so far."""
+        return len(self._hashes)
+
+    def add_block(self, block) -> None:
+        """Add every term of one encoded block (CorruptionError if it does not decode)."""
+        blk = _Block(block)
+        self._hashes.extend([_hash(blk.term(i)) for i in range(blk.n)])
+
+    def finish(self) -> bytes:
+        """The filter of every term added so far, as bytes (about 10 bits per term)."""
+        n_blocks = max(1, (len(self._hashes) * FILTER_BITS_PER_TERM + 511) // 512)
+        if n_blocks > _M32:
+            raise ValueError(f"{len(self._hashes)} terms are too many for one term filter")
+        bits = bytearray(64 * n_blocks)
+        for h in self._hashes:
+            for byte, mask in _bits(h, n_blocks, FILTER_K):
+                bits[byte] |= mask
+        return _FILTER_HDR.pack(FILTER_MAGIC, n_blocks, FILTER_K) + bytes(bits)
+
+
 class TermIndex:
     """A sealed segment's term dictionary: the first term of each block and where each
-    block lies in ``data`` (the segment file); :meth:`get` finds a term's posting list."""
+    block lies in ``data`` (the segment file); :meth:`get` finds a term's posting list,
+    asking the term ``filter`` (TermFilterBuilder's bytes, if given) first."""
 
-    def __init__(self, data, firsts, positions):
+    def __init__(self, data, firsts, positions, filter=None):
         self._data = memoryview(data)
         self._firsts = list(firsts)
         self._pos = list(positions)
@@ -325,10 +418,26 @@ class TermIndex:
             _check_term(first)
             if off < 0 or ln < 0 or off + ln > len(self._data):
                 raise CorruptionError(f"term block {i} at {off}+{ln} lies outside the {len(self._data)} bytes of its file")
+        self._filter: bytes | None = None
+        if filter is not None:
+            f = bytes(memoryview(filter))
+            self._n_blocks, self._k = _filter_header(f)
+            self._filter = f
+
+    def may_contain(self, term: bytes) -> bool:
+        """False when the term filter rules ``term`` out; True when it may be here (always
+        True without a filter). A filter errs only towards True, on about 1% of absent terms."""
+        _check_term(term)
+        f = self._filter
+        if f is None:
+            return True
+        base = _FILTER_HDR.size
+        return all(f[base + byte] & mask for byte, mask in _bits(_hash(term), self._n_blocks, self._k))
 
     def get(self, term: bytes) -> BitMap | None:
         """The posting list of ``term``, or None when no block holds it."""
-        _check_term(term)
+        if not self.may_contain(term):
+            return None
         i = bisect.bisect_right(self._firsts, term) - 1
         if i < 0:
             return None
@@ -336,10 +445,10 @@ class TermIndex:
         return block_get(bytes(self._data[off:off + ln]), term)
 
 
-def terms_get(indexes: list[TermIndex], term: bytes) -> list[BitMap | None]:
-    """``[index.get(term) for index in indexes]``."""
+def terms_get(indexes: list[TermIndex], term: bytes) -> list[tuple[int, BitMap]]:
+    """``(i, posting list)`` for each of ``indexes`` that holds ``term``, in order."""
     _check_term(term)
-    return [index.get(term) for index in indexes]
+    return [(i, bm) for i, bm in enumerate(index.get(term) for index in indexes) if bm is not None]
 
 
 def block_cardinality(block: bytes, term: bytes) -> int:
