@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import warnings
@@ -134,12 +135,18 @@ class Collection:
         self._limits = runtime.limits
         self._closed = False
         self._shards: list = []  # ShardWriter, or ShardReader in a reader process
+        # (generation, the snapshot of the shards' current states): made by the first read
+        # after a shard publishes a state, handed to every read until the next one does
+        self._generations = itertools.count()
+        self._generation = next(self._generations)
+        self._snapshot: tuple[int, Snapshot] | None = None
         if not create:
             for i in range(n_shards):
                 _check_shard_exists(name, _shard_path(path, i), n_shards)
         try:
             for i in range(n_shards):
                 self._shards.append(runtime.open_shard(_shard_path(path, i), i, create=create))
+                self._shards[-1].on_publish = self._states_changed
         except BaseException:
             for s in self._shards:
                 s.close()
@@ -370,7 +377,20 @@ class Collection:
     def snapshot(self) -> Snapshot:
         """A consistent read view of every shard (see :class:`rtindex.Snapshot`)."""
         self._check()
-        return Snapshot(self)
+        generation, cached = self._generation, self._snapshot
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        snap = Snapshot(self)  # (of states at least as new as ``generation``)
+        if self._generation == generation:  # no state published meanwhile: still current
+            self._snapshot = (generation, snap)
+        return snap
+
+    def _states_changed(self) -> None:
+        """A shard published a state (Shard.on_publish): the cached snapshot is out of date.
+        Dropped at once rather than at the next read, which may be long in coming: it holds
+        the segments a merge retired, and so their files."""
+        self._generation = next(self._generations)
+        self._snapshot = None
 
     def stats(self) -> dict:
         """Counts per shard: rows, sealed and in-memory segments, approximate disk bytes."""

@@ -8,6 +8,7 @@ Arrow IPC streams so a scan maps them back without copying.
 from __future__ import annotations
 
 from array import array
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -70,10 +71,98 @@ def decode(data: bytes | pa.Buffer) -> pa.Array:
     return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
 
 
-def take(arr: pa.Array, positions: np.ndarray) -> pa.Array:
-    """``arr``'s values at ``positions`` (an int array). Numbers without nulls go through
-    numpy: Arrow's take costs ~20 us a call in fixed costs, and a query that reads a few
-    fields of the rows an index matched takes from every segment of every shard."""
-    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
-        return pa.array(arr.to_numpy()[positions], type=arr.type)
-    return arr.take(pa.array(positions))
+class Chunk:
+    """A column chunk with its Arrow buffers seen as numpy arrays (no copy), to take values
+    at positions from: a query that reads a few fields of the rows an index matched takes
+    from every segment of every shard, and an Arrow take costs ~20 us a call in fixed costs
+    against ~1 us for numpy's. :func:`gather` joins what was taken from many chunks into one
+    Arrow array (every type: ints, floats, timestamps, bools, strings, nulls).
+
+    Eight-byte values (and string offsets) are read as raw 8-byte items ("V8") and viewed as
+    numbers once taken: a chunk mapped from a segment file need not be 8-byte aligned, and
+    numpy is slow on unaligned int64s (measured, 330 values: indexing 1.5 us, ``take`` 20 us;
+    a take of "V8" items 0.9 us)."""
+
+    __slots__ = ("array", "_start", "_valid", "_values", "_offsets", "_dtype")
+
+    def __init__(self, arr: pa.Array):
+        self.array = arr
+        self._start = arr.offset
+        bufs = arr.buffers()
+        self._valid = np.frombuffer(bufs[0], dtype=np.uint8) if arr.null_count else None  # (bits)
+        self._offsets = None
+        self._dtype = None  # (None: bits)
+        if arr.type == pa.large_string():
+            self._offsets = _items(bufs[1], arr.offset, len(arr) + 1)
+            self._values = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+        elif arr.type == pa.bool_():
+            self._values = np.frombuffer(bufs[1], dtype=np.uint8)  # (bits)
+        else:
+            self._dtype = _NUMPY[arr.type.id]
+            self._values = _items(bufs[1], arr.offset, len(arr))
+
+    def take(self, positions: np.ndarray) -> Taken:
+        """The values at ``positions`` (an intp array), for :func:`gather`."""
+        valid = _bits(self._valid, positions + self._start) if self._valid is not None else None
+        if self._offsets is not None:
+            starts = self._offsets.take(positions).view(np.int64)
+            lengths = self._offsets.take(positions + 1).view(np.int64) - starts
+            ends = np.cumsum(lengths)
+            at = np.repeat(starts + lengths - ends, lengths) + np.arange(ends[-1] if len(ends) else 0)
+            return Taken(len(positions), (lengths, self._values.take(at)), valid)
+        if self._dtype is None:
+            return Taken(len(positions), _bits(self._values, positions + self._start), valid)
+        return Taken(len(positions), self._values.take(positions).view(self._dtype), valid)
+
+
+class Taken(NamedTuple):
+    """Values :meth:`Chunk.take` took: ``values`` None when all are null, else a numpy array
+    (for strings: (byte lengths, the bytes)); ``valid`` None when none is null."""
+
+    n: int
+    values: np.ndarray | tuple[np.ndarray, np.ndarray] | None
+    valid: np.ndarray | None
+
+
+def null_taken(n: int) -> Taken:
+    """``n`` nulls, as taken from a chunk a segment does not have."""
+    return Taken(n, None, np.zeros(n, dtype=bool))
+
+
+def gather(tag: int, parts: list[Taken]) -> pa.Array:
+    """One Arrow array of type tag ``tag`` holding ``parts`` one after the other."""
+    t = ARROW_TYPES[tag]
+    n = sum(p.n for p in parts)
+    validity, null_count = None, 0
+    if any(p.valid is not None for p in parts):
+        valid = np.concatenate([p.valid if p.valid is not None else np.ones(p.n, dtype=bool) for p in parts])
+        null_count = n - int(np.count_nonzero(valid))
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    if t == pa.large_string():
+        lengths = np.concatenate([np.zeros(0, np.int64)] + [p.values[0] if p.values is not None
+                                                            else np.zeros(p.n, np.int64) for p in parts])
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.concatenate([np.zeros(0, np.uint8)] + [p.values[1] for p in parts if p.values is not None])
+        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count)
+    if t == pa.bool_():
+        values = np.concatenate([np.zeros(0, bool)] + [p.values if p.values is not None
+                                                       else np.zeros(p.n, bool) for p in parts])
+        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(np.packbits(values, bitorder="little"))], null_count)
+    dtype = _NUMPY[t.id]
+    values = np.concatenate([np.zeros(0, dtype)] + [p.values if p.values is not None
+                                                    else np.zeros(p.n, dtype) for p in parts])
+    return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(values)], null_count)
+
+
+_NUMPY = {pa.int64().id: np.int64, pa.float64().id: np.float64, ARROW_TYPES[keys.TIMESTAMP].id: np.int64}
+
+
+def _items(buf: pa.Buffer, start: int, n: int) -> np.ndarray:
+    """Items ``start`` .. ``start + n - 1`` of a buffer of 8-byte values, as raw bytes."""
+    return np.frombuffer(buf, dtype="V8", count=start + n)[start:]
+
+
+def _bits(bitmap: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The bits of an Arrow bitmap (least significant first) at ``at``, as bools."""
+    return ((bitmap[at >> 3] >> (at & 7).astype(np.uint8)) & 1).astype(bool)

@@ -56,7 +56,7 @@ class ShardReader(Shard):
         self._upto = 0  # rows indexed into self._mems end here
         self._applied = 0  # the writer's change counter as of the last refresh
         self._applied_at = 0.0  # wall time the last refresh started: everything written before is in
-        self._state = ShardState((View(self._mems[0], 0, EMPTY),), 0)
+        self._set_state(ShardState((View(self._mems[0], 0, EMPTY),), 0))
         self.closed = False
         try:
             self.refresh(force=True)
@@ -150,7 +150,7 @@ class ShardReader(Shard):
         self._segs = segs
         self._gen = gen
         self._log_seq = log_seq
-        self._state = ShardState(tuple(views), next_row)
+        self._set_state(ShardState(tuple(views), next_row))
         return True
 
     def _view(self, seg, n: int, live, covered: int, old: View | None, dels: list[int]) -> View:

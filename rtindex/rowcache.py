@@ -42,7 +42,13 @@ ROW_MAX = (1 << ROW_BITS) - 1
 DECODED_BYTES_PER_JSON_BYTE = 5
 ENTRY_BYTES = 64
 
-__all__ = ["RowStoreCache", "copy_json"]
+__all__ = ["RowStoreCache", "copy_json", "json_bytes"]
+
+
+def json_bytes(rows: list[dict]) -> int:
+    """The memory decoded rows take as Python objects, by their JSON size and the ratio the
+    cache charges for them: what a result budget counts."""
+    return sum(len(orjson.dumps(r, default=str)) for r in rows) * DECODED_BYTES_PER_JSON_BYTE
 
 
 class RowStoreCache:
@@ -59,18 +65,25 @@ class RowStoreCache:
         with self._lock:
             return next(self._uids)
 
-    def rows(self, shard_id: int, row_ids: np.ndarray, read: Callable[[list[int]], list[bytes | None]],
-             below: int) -> list[dict | None]:
-        """The decoded rows of ``row_ids`` (uint64, each less than ``below``; None where there
-        is none), from the cache or, for misses, from ``read`` (RocksDB), which then fill the
-        cache. The dicts are shared with the cache: do not modify them."""
-        if not self.enabled or not len(row_ids) or below - 1 > ROW_MAX and int(row_ids.max()) > ROW_MAX:
-            return [orjson.loads(raw) if raw is not None else None for raw in read(row_ids.tolist())]
-        keys = row_ids | np.uint64(shard_id << ROW_BITS)
+    def rows(self, shard_id: int, row_ids: np.ndarray | list[int], read: Callable[[list[int]], list[bytes | None]],
+             below: int, charge: list[int] | None = None) -> list[dict | None]:
+        """The decoded rows of ``row_ids`` (a uint64 array, or a list of a few ints; each less
+        than ``below``; None where there is none), from the cache or, for misses, from
+        ``read`` (RocksDB), which then fill the cache. The dicts are shared with the cache:
+        do not modify them. ``charge`` (a one-item list): what the rows take by the measure
+        of :func:`json_bytes` is added to it, from the sizes the cache holds when it can."""
+        if not self.enabled or not len(row_ids) or below - 1 > ROW_MAX and int(max(row_ids)) > ROW_MAX:
+            ids = row_ids.tolist() if isinstance(row_ids, np.ndarray) else row_ids
+            docs = [orjson.loads(raw) if raw is not None else None for raw in read(ids)]
+            if charge is not None:
+                charge[0] += json_bytes([d for d in docs if d is not None])
+            return docs
+        tag = shard_id << ROW_BITS
+        keys = row_ids | np.uint64(tag) if isinstance(row_ids, np.ndarray) else [tag | r for r in row_ids]
         docs = self._lru.get_many(keys)
         if None in docs:  # (a C-speed scan; the common all-hit case stops here)
             missing = [i for i, d in enumerate(docs) if d is None]
-            raws = read(row_ids[missing].tolist())
+            raws = read([int(row_ids[i]) for i in missing])
             put_keys, put_docs, sizes = [], [], []
             for i, raw in zip(missing, raws):
                 if raw is None:
@@ -80,6 +93,10 @@ class RowStoreCache:
                 put_docs.append(d)
                 sizes.append(len(raw) * DECODED_BYTES_PER_JSON_BYTE + ENTRY_BYTES)
             self._lru.put_many(put_keys, put_docs, sizes)
+        if charge is not None:
+            total, absent = self._lru.charged(keys)  # (absent: evicted at once, or too big to cache)
+            charge[0] += total - ENTRY_BYTES * (len(docs) - absent) if not absent else json_bytes(
+                [d for d in docs if d is not None])
         return docs
 
     def forget(self, shard_id: int, row_ids: list[int]) -> None:

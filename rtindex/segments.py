@@ -48,17 +48,18 @@ class Segment:
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
         self._live_offsets: pa.Array | None = None
-        self._columns: dict[bytes, pa.Array | None] = {}  # column key -> its decoded chunk
+        self._columns: dict[bytes, columns.Chunk | None] = {}  # column key -> its decoded chunk
 
-    def column(self, column_key: bytes) -> pa.Array | None:
+    def column(self, column_key: bytes) -> columns.Chunk | None:
         """The column chunk of ``column_key`` (one value per live offset), or None; decoded
         once (zero-copy over the mapped file: a decode costs ~50 us, every scan and every
         add-fields read of the segment needs it)."""
         try:
             return self._columns[column_key]
         except KeyError:
-            arr = self._columns[column_key] = self.file.column(column_key)
-            return arr
+            arr = self.file.column(column_key)
+            chunk = self._columns[column_key] = columns.Chunk(arr) if arr is not None else None
+            return chunk
 
     @property
     def live_offsets(self) -> pa.Array:
@@ -140,34 +141,12 @@ class ShardState:
     views: tuple[View, ...]
     next_row_id: int
     live_rows: int = field(init=False)  # its count: every query's planner asks
-    _index: StateIndex | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "live_rows", sum(v.n_live() for v in self.views))
 
     def count(self) -> int:
         return self.live_rows
-
-    def index(self) -> StateIndex:
-        """What lookups need of this state, worked out on first use: a state serves every
-        query until the next write replaces it."""
-        if self._index is None:  # (racing threads build equal ones: either is right)
-            object.__setattr__(self, "_index", StateIndex(self.views))
-        return self._index
-
-
-class StateIndex:
-    """The views of a shard state with rows, split for lookups: the sealed ones with their
-    term indexes in one list (rtindex._impl.terms_get looks a term up in all of them in one
-    call) and the column keys any of them holds; the in-memory ones."""
-
-    __slots__ = ("sealed", "terms", "column_keys", "mem")
-
-    def __init__(self, views: tuple[View, ...]):
-        self.sealed = [v for v in views if isinstance(v.seg, Segment) and v.limit]
-        self.terms = [v.seg.terms for v in self.sealed]
-        self.column_keys = frozenset().union(*(v.seg.column_set for v in self.sealed))
-        self.mem = [v for v in views if not isinstance(v.seg, Segment) and v.limit]
 
 
 @dataclass

@@ -13,7 +13,7 @@ import bisect
 import os
 import threading
 from contextlib import nullcontext
-from typing import ContextManager, Iterator
+from typing import Callable, ContextManager, Iterator
 
 import numpy as np
 import orjson
@@ -47,10 +47,19 @@ class Shard:
         self._rows = row_cache
         self._row_cache_id = row_cache.new_shard_id()
         self._mem_lock = threading.Lock()  # guards the builder being filled against concurrent reads
+        self.on_publish: Callable[[], None] | None = None  # called after each new state
 
     @property
     def state(self) -> ShardState:
         return self._state
+
+    def _set_state(self, state: ShardState) -> None:
+        """Make ``state`` the one new reads see, and tell ``on_publish`` (the collection,
+        which then drops what it worked out from the states it replaces: holding them would
+        keep segments that a merge retired, and so their files, until the next query)."""
+        self._state = state
+        if self.on_publish is not None:
+            self.on_publish()
 
     def get(self, id_key: bytes) -> dict | None:
         """The current document with this id key, as of the current state (a copy)."""
@@ -191,10 +200,10 @@ class Shard:
             bm -= view.deleted
         return bm
 
-    def fetch(self, row_ids: np.ndarray) -> list[dict | None]:
-        """Decoded rows (``row_ids`` a uint64 array) through the database's RowStoreCache:
-        shared objects, read-only."""
-        return self._rows.rows(self._row_cache_id, row_ids, self._read_rows, self.state.next_row_id)
+    def fetch(self, row_ids: np.ndarray | list[int], charge: list[int] | None = None) -> list[dict | None]:
+        """Decoded rows (``row_ids`` a uint64 array, or a list of a few ints) through the
+        database's RowStoreCache: shared objects, read-only. ``charge``: see RowStoreCache.rows."""
+        return self._rows.rows(self._row_cache_id, row_ids, self._read_rows, self.state.next_row_id, charge)
 
     def _read_rows(self, row_ids: list[int]) -> list[bytes]:
         raws = self.store.multi_get("rows", [u64(r) for r in row_ids])
@@ -227,29 +236,63 @@ class Shard:
         with self._reading(view):
             return view.seg.builder.column_keys()
 
-    def scan_view(self, view: View, colkeys: list[bytes], rows: BitMap | None = None) -> tuple[pa.Array, list[pa.Array]]:
-        """(offsets, one array per column key) of the visible rows of ``view``; ``rows``: only
-        those of these offsets (the rows an index lookup matched: "add fields" from the
-        column store instead of whole documents)."""
+    def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
+        """(offsets, one array per column key) of the visible rows of ``view``."""
         if isinstance(view.seg, Segment):
-            live = view.seg.live
-            cols = []
-            for ck in colkeys:
-                arr = view.seg.column(ck)
-                cols.append(arr if arr is not None else columns.nulls(ck[-1], len(live)))
-                if len(cols[-1]) != len(live):
-                    raise CorruptionError(f"shard {self.index}: column chunk of the wrong length in segment "
-                                          f"{view.seg.segid} ({view.seg.file.path})")
+            n = len(view.seg.live)
+            cols = [c.array if c is not None else columns.nulls(ck[-1], n)
+                    for ck, c in zip(colkeys, self._chunks(view.seg, colkeys))]
             offsets = view.seg.live_offsets
-            if rows is not None:  # a chunk holds one value per live offset: take at their ranks
-                wanted = np.frombuffer(((rows & live) - view.deleted).to_array(), dtype=np.uint32)
-                at = wanted if view.seg.live_dense else np.searchsorted(offsets.to_numpy(zero_copy_only=True), wanted)
-                return pa.array(wanted), [columns.take(c, at) for c in cols]
             if view.deleted:
-                keep = keep_mask(live, view.deleted)
+                keep = keep_mask(view.seg.live, view.deleted)
                 offsets = offsets.filter(keep)
                 cols = [c.filter(keep) for c in cols]
             return offsets, cols
+        n = view.limit
+        cols = self._mem_columns(view, colkeys)
+        offsets = pa.array(np.arange(n, dtype=np.uint32))
+        if view.deleted:
+            keep = keep_mask(FrozenBitMap(range(n)), view.deleted)
+            offsets = offsets.filter(keep)
+            cols = [c.filter(keep) for c in cols]
+        return offsets, cols
+
+    def take_view(self, view: View, colkeys: list[bytes], rows: BitMap) -> tuple[np.ndarray, list[columns.Taken]]:
+        """(offsets, the values of each column key) of the visible rows of ``view`` among
+        ``rows``: the rows an index lookup matched, their fields read from the column store
+        ("add fields") instead of whole documents; :func:`columns.gather` joins the values
+        taken from every view."""
+        if isinstance(view.seg, Segment):
+            seg = view.seg
+            held = rows & seg.live
+            if view.deleted:
+                held = held - view.deleted
+            wanted = np.frombuffer(held.to_array(), dtype=np.uint32)
+            # a chunk holds one value per live offset: take at their ranks
+            at = (wanted.astype(np.intp) if seg.live_dense
+                  else np.searchsorted(seg.live_offsets.to_numpy(zero_copy_only=True), wanted))
+            chunks = self._chunks(seg, colkeys)
+            return wanted, [c.take(at) if c is not None else columns.null_taken(len(at)) for c in chunks]
+        held = BitMap(rows) - view.deleted
+        held.remove_range(view.limit, 1 << 32)  # offsets this view does not show yet
+        wanted = np.frombuffer(held.to_array(), dtype=np.uint32)
+        at = wanted.astype(np.intp)
+        return wanted, [columns.Chunk(c).take(at) for c in self._mem_columns(view, colkeys)]
+
+    def _chunks(self, seg: Segment, colkeys: list[bytes]) -> list[columns.Chunk | None]:
+        """The column chunks of a sealed segment (None: it holds no value of that key)."""
+        n = len(seg.live)
+        out = []
+        for ck in colkeys:
+            chunk = seg.column(ck)
+            if chunk is not None and len(chunk.array) != n:
+                raise CorruptionError(f"shard {self.index}: column chunk of the wrong length in segment "
+                                      f"{seg.segid} ({seg.file.path})")
+            out.append(chunk)
+        return out
+
+    def _mem_columns(self, view: View, colkeys: list[bytes]) -> list[pa.Array]:
+        """The columns of an in-memory ``view``'s first ``limit`` rows (deleted ones too)."""
         n = view.limit
         by_key = {}
         with self._reading(view):
@@ -259,15 +302,4 @@ class Shard:
                     by_key[ck] = (offs, vals)
         for ck, (offs, vals) in by_key.items():  # outside the lock: vals is a copy
             by_key[ck] = (offs, view.seg.arrow_values(ck, vals))
-        cols = [columns.dense(ck[-1], *by_key[ck], n) if ck in by_key else columns.nulls(ck[-1], n) for ck in colkeys]
-        offsets = pa.array(np.arange(n, dtype=np.uint32))
-        if rows is not None:
-            held = BitMap(rows) - view.deleted
-            held.remove_range(n, 1 << 32)  # offsets this view does not show yet
-            wanted = np.frombuffer(held.to_array(), dtype=np.uint32)
-            return pa.array(wanted), [columns.take(c, wanted) for c in cols]
-        if view.deleted:
-            keep = keep_mask(FrozenBitMap(range(n)), view.deleted)
-            offsets = offsets.filter(keep)
-            cols = [c.filter(keep) for c in cols]
-        return offsets, cols
+        return [columns.dense(ck[-1], *by_key[ck], n) if ck in by_key else columns.nulls(ck[-1], n) for ck in colkeys]

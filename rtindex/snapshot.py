@@ -22,6 +22,7 @@ from rtindex._impl import terms_get
 from rtindex.documents import to_event_time
 from rtindex.errors import ClosedError
 from rtindex.rowcache import copy_json
+from rtindex.segments import Segment
 
 if TYPE_CHECKING:
     from rtindex.collection import Collection
@@ -64,6 +65,8 @@ class Postings:
         return self._combine(other, union)
 
     def __sub__(self, other: "Postings") -> "Postings":
+        if not other._parts and other._snap is self._snap:  # (postings never change: self is the difference)
+            return self
         return self._combine(other, lambda a, b: {k: (v - b[k] if k in b else v) for k, v in a.items()})
 
     def __len__(self) -> int:
@@ -104,14 +107,27 @@ class Postings:
 
 
 class Snapshot:
-    """What one read sees: taken in O(shards), never blocks writers, never changes."""
+    """What one read sees: never blocks writers, never changes. Reads between two writes
+    share one (``Collection.snapshot()`` returns the same object until a shard publishes
+    a new state)."""
 
     def __init__(self, coll: "Collection"):
         self._coll = coll
         self._shards = coll._shards
         self.states: list[ShardState] = [s.state for s in self._shards]
-        # the views with rows (a fresh in-memory segment has none: nothing to look up there)
-        self._nonempty = [(i, v) for i, st in enumerate(self.states) for v in st.views if v.limit]
+        # What lookups need, worked out once: the collection hands the same snapshot to every
+        # query until a shard publishes a new state (Collection.snapshot), and per-shard loops
+        # cost a microsecond or two each on a lookup that is otherwise a few. The views with
+        # rows as (shard, view) pairs; the sealed ones apart, with their term indexes in one
+        # flat list (terms_get looks a term up in all of them in one call) and the union of
+        # their column keys; the in-memory ones.
+        self._views_with_rows = [(i, v) for i, st in enumerate(self.states) for v in st.views if v.limit]
+        self._sealed = [(i, v) for i, v in self._views_with_rows if isinstance(v.seg, Segment)]
+        self._terms = [v.seg.terms for _, v in self._sealed]
+        self._column_keys = frozenset().union(*(v.seg.column_set for _, v in self._sealed))
+        self._mem = [(i, v) for i, v in self._views_with_rows if not isinstance(v.seg, Segment)]
+        self._count = sum(st.count() for st in self.states)
+        self.next_row_ids = tuple(st.next_row_id for st in self.states)  # (rows written, per shard)
 
     def _check(self) -> None:
         if self._coll.closed:
@@ -119,11 +135,12 @@ class Snapshot:
 
     def _views(self) -> Iterator[tuple[int, "View"]]:
         self._check()
-        return iter(self._nonempty)
+        # the views with rows (a fresh in-memory segment has none: nothing to look up there)
+        return iter(self._views_with_rows)
 
     def count(self) -> int:
         """Number of visible documents, without reading them."""
-        return sum(st.count() for st in self.states)
+        return self._count
 
     def _collect(self, rows_of) -> Postings:
         """Postings of ``rows_of(shard, view)`` (a BitMap of offsets) over every view.
@@ -158,31 +175,26 @@ class Snapshot:
                     marker: bytes | None = None) -> dict[tuple[int, int], BitMap]:
         """Offsets of the rows holding any of ``terms``, per (shard, base) (Postings parts).
         With ``scalars`` (column keys), in a view that has one of those columns a hit counts
-        only if the row also holds the term ``marker`` (see :meth:`elements`). Sealed
-        segments are looked up in one compiled call per shard and term."""
+        only if the row also holds the term ``marker`` (see :meth:`elements`). The sealed
+        segments of every shard are looked up in one compiled call per term."""
         self._check()
+        shards, sealed = self._shards, self._sealed
+        hits: list[tuple[int, View, BitMap]] = []
+        for term in terms:
+            hits.extend((*sealed[j], bm) for j, bm in terms_get(self._terms, term))
+        for i, v in self._mem:
+            bm = BitMap().union(*(shards[i].term(v, t) for t in terms))
+            if bm:
+                hits.append((i, v, bm))
         parts: dict[tuple[int, int], BitMap] = {}
-        for i, st in enumerate(self.states):
-            index = st.index()
-            found: dict[int, BitMap] = {}  # position in index.sealed -> hits
-            for term in terms:
-                for j, bm in enumerate(terms_get(index.terms, term)):
-                    if bm is not None:
-                        found[j] = found[j] | bm if j in found else bm
-            hits = [(index.sealed[j], bm) for j, bm in found.items()]
-            shard = self._shards[i]
-            for v in index.mem:
-                bm = BitMap().union(*(shard.term(v, t) for t in terms))
-                if bm:
-                    hits.append((v, bm))
-            for v, bm in hits:
-                if v.deleted:
-                    bm = bm - v.deleted
-                if scalars is not None and shard.has_columns(v, scalars):
-                    bm &= shard.term(v, marker)
-                if bm:
-                    k = (i, v.base)
-                    parts[k] = parts[k] | bm if k in parts else bm
+        for i, v, bm in hits:
+            if v.deleted:
+                bm = bm - v.deleted
+            if scalars is not None and shards[i].has_columns(v, scalars):
+                bm &= shards[i].term(v, marker)
+            if bm:
+                k = (i, v.base)
+                parts[k] = parts[k] | bm if k in parts else bm
         return parts
 
     def elements(self, path: Path, value: Any) -> Postings:
@@ -197,6 +209,17 @@ class Snapshot:
         terms = [keys.term(p, tag, v) for tag, v in typed]
         scalars = [keys.column_key(p, tag) for tag, _ in typed]
         return Postings(self, self._term_parts(terms, scalars, keys.column_key(p, keys.ARRAY)))
+
+    def matching(self, path: Path, value: Any, contains: bool = False) -> Postings:
+        """What SQL's ``path = value`` (or, with ``contains``, ``ARRAY_CONTAINS(path, value)``)
+        is TRUE for: :meth:`term` (:meth:`elements`) less the rows where an array on the way
+        to ``path`` (or ``path`` itself, for ``=``) makes it name no single value (docs/sql.md,
+        rule 1). NULL matches nothing. One call, as a point query makes it."""
+        if value is None:
+            self._check()
+            return Postings(self, {})
+        hits = self.elements(path, value) if contains else self.term(path, value)
+        return hits - self.arrays(path, include_self=not contains) if hits else hits
 
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
               hi_inclusive: bool = False, budget: list[int] | None = None) -> Postings:
@@ -241,7 +264,7 @@ class Snapshot:
         if not prefixes:
             return Postings(self, {})
         markers = [keys.column_key(q, keys.ARRAY) for q in prefixes]
-        if all(index.column_keys.isdisjoint(markers) and not index.mem for index in (st.index() for st in self.states)):
+        if self._column_keys.isdisjoint(markers) and not self._mem:
             self._check()
             return Postings(self, {})  # the common case: no array on the way in any segment
 
@@ -257,23 +280,32 @@ class Snapshot:
                                                                 for lo, hi in ranges)))
 
     # -- rows and columns ---------------------------------------------------
-    def fetch(self, rows: Postings, limit: int | None = None, *, offset: int = 0, copy: bool = True) -> list[dict]:
+    def fetch(self, rows: Postings, limit: int | None = None, *, offset: int = 0, copy: bool = True,
+              charge: list[int] | None = None) -> list[dict]:
         """The documents of ``rows`` (in shard, row id order), after the first ``offset``, at
         most ``limit``: so a large result can be read in chunks.
 
         Rows come through the database's RowStoreCache. ``copy=False`` returns the cached
         objects themselves (no copy, for readers that only read them: never modify those).
+        ``charge`` (a one-item list): what the documents take as Python objects is added to
+        it (rtindex.rowcache.json_bytes; known to the cache, so usually not serialized).
         """
         self._check()  # (cached rows would not notice a closed store)
         out: list[dict] = []
-        for shard, rids in rows.by_shard().items():
+        if len(rows) <= _FEW_ROWS:  # a selective lookup's: Python ints beat numpy's fixed costs
+            per_shard: dict[int, Any] = {}
+            for shard, base in sorted(rows._parts):
+                per_shard.setdefault(shard, []).extend([base + o for o in rows._parts[(shard, base)]])
+        else:
+            per_shard = rows.by_shard()
+        for shard, rids in per_shard.items():
             if offset >= len(rids):
                 offset -= len(rids)
                 continue
             rids, offset = rids[offset:], 0
             if limit is not None:
                 rids = rids[: limit - len(out)]
-            docs = self._shards[shard].fetch(rids)
+            docs = self._shards[shard].fetch(rids, charge)
             out.extend([copy_json(d) for d in docs] if copy else docs)
             if limit is not None and len(out) >= limit:
                 break
@@ -311,21 +343,31 @@ class Snapshot:
         """
         colkeys = [keys.column_key(keys.split_path(p), keys.TAGS_BY_NAME[t]) for p, t in specs]
         names = [f"{'.'.join(keys.split_path(p))}:{t}" for p, t in specs]
-        if rows is not None and rows._snap is not self:
-            raise ValueError("rows of another snapshot")
+        schema = pa.schema([("_shard", pa.uint16()), ("_row_id", pa.uint64())]
+                           + [(n, columns.arrow_type(ck[-1])) for n, ck in zip(names, colkeys)])
+        if rows is not None:  # a few rows of many views: taken with numpy, one array per column
+            if rows._snap is not self:
+                raise ValueError("rows of another snapshot")
+            shards, bases, offsets, taken = [], [], [np.zeros(0, np.uint32)], []
+            for i, v in self._views():
+                part = rows._parts.get((i, v.base))
+                if part is not None:
+                    offs, values = self._shards[i].take_view(v, colkeys, part)
+                    shards.append(i)
+                    bases.append(v.base)
+                    offsets.append(offs)
+                    taken.append(values)
+            counts = [len(o) for o in offsets[1:]]
+            rids = np.concatenate(offsets).astype(np.uint64) + np.repeat(np.array(bases, dtype=np.uint64), counts)
+            ids = [pa.array(np.repeat(np.array(shards, dtype=np.uint16), counts)), pa.array(rids)]
+            return pa.Table.from_arrays(ids + [columns.gather(ck[-1], [t[j] for t in taken])
+                                               for j, ck in enumerate(colkeys)], schema=schema)
         batches = []
         for i, v in self._views():
-            if rows is None:
-                offsets, cols = self._shards[i].scan_view(v, colkeys)
-            elif (i, v.base) in rows._parts:
-                offsets, cols = self._shards[i].scan_view(v, colkeys, rows._parts[(i, v.base)])
-            else:
-                continue
+            offsets, cols = self._shards[i].scan_view(v, colkeys)
             rids = pa.array(offsets.to_numpy().astype(np.uint64) + np.uint64(v.base))
             shard = pa.array(np.full(len(offsets), i, dtype=np.uint16))
             batches.append(pa.record_batch([shard, rids, *cols], names=["_shard", "_row_id", *names]))
-        schema = pa.schema([("_shard", pa.uint16()), ("_row_id", pa.uint64())]
-                           + [(n, columns.arrow_type(ck[-1])) for n, ck in zip(names, colkeys)])
         return pa.Table.from_batches(batches, schema=schema)
 
 

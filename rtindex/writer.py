@@ -56,7 +56,7 @@ class ShardWriter(Shard):
         try:
             self._signal = Signal(os.path.join(path, SIGNAL_FILE))
             self.maintenance = Maintenance(self, sealer, merger)
-            self._state = self._recover()
+            self._set_state(self._recover())
         except BaseException:
             self.store.close()
             raise
@@ -150,7 +150,7 @@ class ShardWriter(Shard):
             raise
         with self._mem_lock:
             views = state.views[:-1] + (replace(mem, seg=MemSegment(builder, mem.base)),)
-            self._state = ShardState(views, state.next_row_id)
+            self._set_state(ShardState(views, state.next_row_id))
         self._broken_builder = False
 
     @contextmanager
@@ -297,10 +297,10 @@ class ShardWriter(Shard):
                 views[i] = replace(views[i], deleted=FrozenBitMap(BitMap(views[i].deleted) | BitMap(offs)))
         mem = views[-1]
         views[-1] = replace(mem, limit=next_row - mem.base)
-        self._state = ShardState(tuple(views), next_row)
+        self._set_state(ShardState(tuple(views), next_row))
         self._signal.bump(next_row)
         if self._is_full(self._state) and self._pending_seals(self._state) < self.config.max_pending_seals:
-            self._state = self._rotated(self._state)
+            self._set_state(self._rotated(self._state))
 
     # ------------------------------------------------------------------ rotation
     def _is_full(self, state: ShardState) -> bool:
@@ -318,7 +318,7 @@ class ShardWriter(Shard):
         if not self._is_full(self._state):
             return
         self.maintenance.wait_for_seal_slot()
-        self._state = self._rotated(self._state)
+        self._set_state(self._rotated(self._state))
 
     def _rotated(self, state: ShardState) -> ShardState:
         """``state`` with a fresh active builder; the full one goes to the sealer."""
@@ -332,7 +332,7 @@ class ShardWriter(Shard):
             self._check_writable()
             if self._state.views[-1].limit:
                 self.maintenance.wait_for_seal_slot()
-                self._state = self._rotated(self._state)
+                self._set_state(self._rotated(self._state))
 
     def new_segid(self) -> int:
         with self._write_lock:
@@ -357,7 +357,7 @@ class ShardWriter(Shard):
             if [v.seg for v in cur] != old:
                 raise CorruptionError(f"shard {self.index}: segments changed under a seal or merge")
             views[i : i + len(old)] = [build(cur)]
-            self._state = ShardState(tuple(views), self._state.next_row_id)
+            self._set_state(ShardState(tuple(views), self._state.next_row_id))
             self._signal.bump(self._state.next_row_id)
 
     def signal(self) -> None:

@@ -195,6 +195,15 @@ class CacheMachine(RuleBasedStateMachine):
         for g, w in zip(got, want):
             assert g is w
 
+    @rule(ks=st.lists(keys_st, max_size=12), form=st.sampled_from(SEQ_FORMS))
+    def charged(self, ks, form):
+        """The sizes of the cached ones and the count of the others; nothing is touched."""
+        held = [self.model.od.get(k) for k in ks]
+        want = (sum(h[1] for h in held if h is not None), sum(h is None for h in held))
+        before = self.cache.stats()
+        assert self.cache.charged(as_form(ks, form, self.impl)) == want
+        assert self.cache.stats() == before
+
     @rule(before=st.lists(keys_st, max_size=4), bad=bad_keys_st, after=st.lists(keys_st, max_size=3),
           form=st.sampled_from(("list", "tuple", "iter", "numpy-int64")))
     def get_many_bad_key(self, before, bad, after, form):

@@ -102,9 +102,13 @@ def test_set_algebra_and_count(coll):
     assert ids(s, a | s.term("x", "1")) == [0, 1, 3]
     assert ids(s, s.all() - a) == [2, 3, 4, 5, 6]
     assert len(s.all()) == s.count() == len(DOCS)
-    with pytest.raises(ValueError):
-        _ = a & coll.snapshot().all()
     assert len(s.fetch(s.all(), limit=3)) == 3
+    assert coll.snapshot() is s  # nothing written since: the same snapshot serves every read
+    coll.ingest([{"_id": "late"}])
+    later = coll.snapshot()
+    assert later is not s and later.count() == s.count() + 1 and len(s.all()) == len(DOCS)
+    with pytest.raises(ValueError):
+        _ = a & later.all()
 
 
 def test_scan_columns(coll):

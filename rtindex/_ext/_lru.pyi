@@ -17,6 +17,9 @@ class RowCache:
     def get_many(self, keys: Iterable[int]) -> list[Any]:
         """``[get(k) for k in keys]`` in one call; ``keys`` may be a 1-D buffer of 64-bit
         integers (``array('Q')``, numpy uint64/int64), read in one C loop."""
+    def charged(self, keys: Iterable[int]) -> tuple[int, int]:
+        """(the sum of the ``nbytes`` given for those of ``keys`` that are cached, how many
+        are not), leaving recency and counters alone."""
     def put(self, key: int, value: Any, nbytes: int) -> None:
         """Cache ``value`` under ``key`` (replacing what was there) as most recently used;
         then evict least recently used entries until the budget holds. An entry larger than

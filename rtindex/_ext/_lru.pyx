@@ -647,6 +647,41 @@ cdef class RowCache:
             e = self._ents[e].next
         return out
 
+    def charged(self, keys):
+        """(the sum of the ``nbytes`` given for those of ``keys`` that are cached, how many
+        are not), leaving recency and counters alone: what cached values take by the
+        caller's measure. ``keys`` as get_many takes them."""
+        cdef Py_buffer view
+        cdef int kind = open_buffer(keys, &view)
+        cdef Py_ssize_t i, n
+        cdef uint64_t k = 0, total = 0, absent = 0
+        cdef uint32_t e
+        cdef object seq
+        if kind:
+            try:
+                for i in range(view.shape[0]):
+                    k = buf_u64(<const char*>view.buf, i, view.strides[0])
+                    if kind == 2 and <int64_t>k < 0:
+                        raise OverflowError(f"row cache key {<int64_t>k} is outside 0 .. 2**64-1")
+                    e = self._find(k)
+                    if e == NIL:
+                        absent += 1
+                    else:
+                        total += self._ents[e].nbytes
+            finally:
+                PyBuffer_Release(&view)
+            return total, absent
+        seq = as_seq(keys)
+        n = PySequence_Fast_GET_SIZE(seq)
+        for i in range(n):
+            key_of(<object>PySequence_Fast_GET_ITEM(seq, i), &k)
+            e = self._find(k)
+            if e == NIL:
+                absent += 1
+            else:
+                total += self._ents[e].nbytes
+        return total, absent
+
     def __contains__(self, key):
         cdef uint64_t k = 0
         key_of(key, &k)

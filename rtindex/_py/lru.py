@@ -77,6 +77,14 @@ class RowCache:
         with self._lock:
             return [self.get(k) for k in keys]
 
+    def charged(self, keys: Iterable[int]) -> tuple[int, int]:
+        """(the sum of the ``nbytes`` given for those of ``keys`` that are cached, how many
+        are not), leaving recency and counters alone."""
+        keys = _key_list(keys)
+        with self._lock:
+            hits = [self._map.get(k) for k in keys]
+        return sum(h[1] for h in hits if h is not None), sum(h is None for h in hits)
+
     def put(self, key: int, value: Any, nbytes: int) -> None:
         """Cache ``value`` under ``key`` (replacing what was there) as most recently used."""
         k = _key(key)

@@ -32,7 +32,7 @@ import pyarrow as pa
 from rtindex import keys
 from rtindex.errors import NotFoundError, ResultTooLargeError, SqlError
 from rtindex.result import Result
-from rtindex.rowcache import DECODED_BYTES_PER_JSON_BYTE, copy_json
+from rtindex.rowcache import copy_json, json_bytes
 from rtindex.segments import OverBudget
 from rtindex.sql import frames, messages, small, typed
 from rtindex.sql import predicates as P
@@ -52,6 +52,7 @@ ROW_COST = 8.0
 COLUMN_COST = 0.035
 SCAN_OVERHEAD = 400.0
 ACCESS = ("index", "scan")
+STAR_BLOCKER = "SELECT * reads whole documents"  # why the column scan cannot answer SELECT *
 WARNINGS_MEMO = 1024  # query texts whose warnings are remembered (SqlEngine.warnings_memo)
 # rows of an index-path result measured to estimate its size before it is fetched in full
 SAMPLE_ROWS = 16
@@ -146,6 +147,10 @@ class SqlEngine:
         q = self._plans.get(text)
         if isinstance(q, MultiQuery):
             return self._sql_multi(q, params, access, t0)
+        if q.point is not None and access is None:
+            res = self._point(q, params, t0)
+            if res is not None:
+                return res
         run = _Execution(self, q, params, access)
         plan = run.choose()
         run.timings["plan"] = time.perf_counter() - t0
@@ -153,6 +158,44 @@ class SqlEngine:
         res.plan = plan
         res.warnings = run.warnings()
         res.timings = run.timings
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def _point(self, q: Query, params: Any, t0: float) -> Result | None:
+        """A point query (``Query.point``): the result, plan and warnings of the general
+        index path, which is the only path for documents, without building what its
+        choice and its other cases need (an _Execution, the scan's blockers, the planner's
+        evaluator state). A lookup that returns a row or two is a few microseconds of
+        posting lists and cached rows; those objects cost five times that, and a key-value
+        lookup is what this kind of query is run for, at high rates
+        (tests/test_sql_point.py checks the two paths agree). None: a result over
+        ``max_result_bytes``, which the general path refuses (with a stream to read it)."""
+        checked = _check_params(q, params)
+        leaf = q.point
+        value = bind_operand(leaf.value, checked, q.sql)
+        limit, offset = int_param(q.limit, checked, q.sql), int_param(q.offset, checked, q.sql) or 0
+        snap = snapshot_of(self._lookup, q)
+        rows = snap.matching(leaf.path, value, contains=isinstance(leaf, P.ArrayContains))
+        n = len(rows)
+        plan = Plan(q.collection, "index", f"the column scan cannot: {STAR_BLOCKER}", snap.count(), n,
+                    index_cost_us=n * ROW_COST)
+        n_out = max(0, n - offset) if limit is None else max(0, min(n - offset, limit))
+        budget = self.max_result_bytes
+        t1 = time.perf_counter()
+        charge = [0]
+        if budget is not None and n_out > SAMPLE_ROWS:  # estimated, as run_plain does, before fetching all
+            snap.fetch(rows, SAMPLE_ROWS, offset=offset, copy=False, charge=charge)
+            if charge[0] * n_out // SAMPLE_ROWS > budget:
+                return None
+        measure = budget is not None and n_out <= SAMPLE_ROWS
+        docs = snap.fetch(rows, n_out, offset=offset, charge=charge if measure else None)
+        t2 = time.perf_counter()
+        if measure and charge[0] > budget:
+            return None
+        res = Result(None, rows=docs, access="index")
+        res.plan = plan
+        res.warnings = result_warnings(self, q, snap, [leaf])
+        res.timings = {"plan": t1 - t0, "fetch": t2 - t1}
         res.seconds = time.perf_counter() - t0
         return res
 
@@ -204,11 +247,7 @@ class _Execution:
                 P.like_prefix(self.bind(leaf.pattern), q.sql, leaf.position)
             elif isinstance(leaf, (P.Compare, P.ArrayContains)):
                 self.bind(leaf.value)
-        try:
-            coll = engine._lookup(q.collection)
-        except NotFoundError:
-            raise SqlError(f"no collection {q.collection!r}", q.sql) from None
-        self.snap: Snapshot = coll.snapshot()
+        self.snap: Snapshot = snapshot_of(engine._lookup, q)
         self.rows = None  # Postings of the index path, once computed
         # the index path's matched rows when the fields a query needs are read from the column
         # store at them (add fields by column: no whole documents), else None
@@ -223,21 +262,10 @@ class _Execution:
     # -- parameters -----------------------------------------------------------------
     def bind(self, operand: P.Operand) -> Any:
         """The value an operand compares as (datetimes as microseconds)."""
-        if isinstance(operand, P.Const):
-            return operand.value
-        return P.check_value(self.value(operand), self.q.sql, operand.position)
-
-    def value(self, operand: P.Operand) -> Any:
-        """The value of an operand as given or computed (a datetime stays one)."""
-        return operand_value(operand, self.params, self.q.sql)
+        return bind_operand(operand, self.params, self.q.sql)
 
     def int_param(self, operand: P.Operand | None) -> int | None:
-        if operand is None:
-            return None
-        v = operand.value if isinstance(operand, P.Const) else self.params[operand.key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise SqlError(f"LIMIT and OFFSET take a non-negative integer, not {v!r}", self.q.sql)
-        return v
+        return int_param(operand, self.params, self.q.sql)
 
     # -- choosing -------------------------------------------------------------------
     def column_tags(self, path: tuple[str, ...]) -> list[int]:
@@ -249,7 +277,7 @@ class _Execution:
         """Why the column scan cannot answer this query (None: it can)."""
         q = self.q
         if q.star:
-            return "SELECT * reads whole documents"
+            return STAR_BLOCKER
         if any(isinstance(x, P.ArrayContains) for x in self.leaves):
             return "ARRAY_CONTAINS reads array elements"
         for path in q.fields:
@@ -361,19 +389,28 @@ class _Execution:
         def stream(batch_rows: int) -> pa.RecordBatchReader:
             return frames.rows_reader(lambda: chunks(batch_rows), columns)
         if budget is not None and n_out > SAMPLE_ROWS:  # refuse before fetching it all
-            sample = self.plain_rows(self.snap.fetch(self.rows, SAMPLE_ROWS, offset=offset, copy=False))
-            size = _row_bytes(sample) * n_out // len(sample)
+            sample, size = self.plain_fetch(SAMPLE_ROWS, offset, copy=False, measure=True)
+            size = size * n_out // len(sample)
             if size > budget:
                 self.timings["fetch"] = time.perf_counter() - t0
                 return self.refused(columns, n_out, size, True, stream)
         # documents of SELECT * are copies: the user's to keep
-        rows = self.plain_rows(self.snap.fetch(self.rows, n_out, offset=offset, copy=q.star))
+        measure = budget is not None and n_out <= SAMPLE_ROWS  # a few rows: measured, not estimated
+        rows, size = self.plain_fetch(n_out, offset, copy=q.star, measure=measure)
         self.timings["fetch"] = time.perf_counter() - t0
-        if budget is not None and n_out <= SAMPLE_ROWS:  # a few rows: measured, not estimated
-            size = _row_bytes(rows)
-            if size > budget:
-                return self.refused(columns, n_out, size, False, stream)
+        if measure and size > budget:
+            return self.refused(columns, n_out, size, False, stream)
         return Result(columns, rows=rows, access="index")
+
+    def plain_fetch(self, limit: int, offset: int, copy: bool, measure: bool) -> tuple[list[dict], int]:
+        """plain_rows of ``limit`` matched rows after ``offset``, and with ``measure`` what
+        they take (rtindex.rowcache.json_bytes; for documents as stored, known to the row
+        cache), else 0."""
+        charge = [0] if measure and self.q.star and not self.q.star_except else None
+        rows = self.plain_rows(self.snap.fetch(self.rows, limit, offset=offset, copy=copy, charge=charge))
+        if not measure:
+            return rows, 0
+        return rows, charge[0] if charge is not None else json_bytes(rows)
 
     def run_index_duck(self, plan: Plan) -> Result:
         """Aggregates, ORDER BY, expressions: DuckDB over a frame of the fields they use."""
@@ -401,7 +438,7 @@ class _Execution:
             return Result(out.column_names, table=out, access="index")
         if budget is not None and out.num_rows:  # the documents are not built yet: estimate them
             sample = self.star_rows(out.slice(0, SAMPLE_ROWS), docs, copy=False)
-            size = _row_bytes(sample) * out.num_rows // len(sample)
+            size = json_bytes(sample) * out.num_rows // len(sample)
             if size > budget:
                 return self.refused(None, out.num_rows, size, out.num_rows > SAMPLE_ROWS, self.star_stream)
         return Result(None, rows=self.star_rows(out, docs, copy=True), access="index")
@@ -488,28 +525,7 @@ class _Execution:
         return Result(columns, access=self.plan.access, refused=error, stream=stream)
 
     def warnings(self) -> list[str]:
-        """Result.warnings: fields no document of the collection has (messages.query_warnings).
-
-        Worked out again only when rows were written since (per shard ``next_row_id``): a
-        field that deletes alone made disappear is noticed at the next write."""
-        key, written = (self.q.collection, self.q.sql), tuple(st.next_row_id for st in self.snap.states)
-        memo = self.engine.warnings_memo.get(key)
-        if memo is not None and memo[0] == written:
-            return list(memo[1])
-        found = self._warnings()
-        if len(self.engine.warnings_memo) >= WARNINGS_MEMO:
-            self.engine.warnings_memo.clear()
-        self.engine.warnings_memo[key] = (written, found)
-        return list(found)
-
-    def _warnings(self) -> list[str]:
-        if not self.snap.count():
-            return []
-        used = list(self.q.fields) + [leaf.path for leaf in self.leaves]
-
-        def exists(path: tuple[str, ...]) -> bool:
-            return bool(self.column_tags(path)) or any(self.snap.has_type(path, t) for t in keys.TAGS_BY_NAME)
-        return messages.query_warnings(self.q.sql, self.q.collection, used, exists, self.snap.field_paths)
+        return result_warnings(self.engine, self.q, self.snap, self.leaves)
 
     def names(self) -> tuple[str, dict[str, str]]:
         """The user's text, and what the internal names of its DuckDB statements stand for:
@@ -540,7 +556,10 @@ class _Execution:
             return self.typed_text(frame_types or {}) + tail
         self._scan_cols: dict[tuple[tuple[str, ...], int], str] = {}
         specs = []
-        for path in dict.fromkeys(list(q.fields) + [leaf.path for leaf in self.leaves]):
+        read = list(q.fields)  # and WHERE's fields, unless the index applied it (narrowed)
+        if self.narrowed is None:
+            read += [leaf.path for leaf in self.leaves]
+        for path in dict.fromkeys(read):
             for tag in self.column_tags(path):
                 name = f"c{len(specs)}"
                 self._scan_cols[(path, tag)] = name
@@ -672,10 +691,51 @@ class _Execution:
         return {path: frames.scan_kinds(mixed[path], [next(counts) for _ in aggs[path]]) for path in mixed}
 
 
-def _row_bytes(rows: list[dict]) -> int:
-    """The memory result rows take as Python objects, by their JSON size and the ratio the
-    row cache charges (what the budget counts for rows built from documents)."""
-    return sum(len(orjson.dumps(r, default=str)) for r in rows) * DECODED_BYTES_PER_JSON_BYTE
+def snapshot_of(lookup: Callable[[str], Any], q: Query) -> Snapshot:
+    """A snapshot of the collection ``q`` reads (``lookup``: name -> Collection)."""
+    try:
+        coll = lookup(q.collection)
+    except NotFoundError:
+        raise SqlError(f"no collection {q.collection!r}", q.sql) from None
+    return coll.snapshot()
+
+
+def result_warnings(engine: SqlEngine, q: Query, snap: Snapshot, leaves: list[P.Pred]) -> list[str]:
+    """Result.warnings: fields no document of the collection has (messages.query_warnings).
+
+    Worked out again only when rows were written since (per shard ``next_row_id``): a
+    field that deletes alone made disappear is noticed at the next write."""
+    key, written = (q.collection, q.sql), snap.next_row_ids
+    memo = engine.warnings_memo.get(key)
+    if memo is not None and memo[0] == written:
+        return list(memo[1])
+    found = []
+    if snap.count():
+        def exists(path: tuple[str, ...]) -> bool:
+            return bool(snap.column_types(path)) or any(snap.has_type(path, t) for t in keys.TAGS_BY_NAME)
+        used = list(q.fields) + [leaf.path for leaf in leaves]
+        found = messages.query_warnings(q.sql, q.collection, used, exists, snap.field_paths)
+    if len(engine.warnings_memo) >= WARNINGS_MEMO:
+        engine.warnings_memo.clear()
+    engine.warnings_memo[key] = (written, found)
+    return list(found)
+
+
+def bind_operand(operand: P.Operand, params: Mapping | Sequence, sql: str) -> Any:
+    """The value an operand compares as (datetimes as microseconds)."""
+    if isinstance(operand, P.Const):
+        return operand.value
+    return P.check_value(operand_value(operand, params, sql), sql, operand.position)
+
+
+def int_param(operand: P.Operand | None, params: Mapping | Sequence, sql: str) -> int | None:
+    """The value of a LIMIT or OFFSET operand (None: there is none)."""
+    if operand is None:
+        return None
+    v = operand.value if isinstance(operand, P.Const) else params[operand.key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise SqlError(f"LIMIT and OFFSET take a non-negative integer, not {v!r}", sql)
+    return v
 
 
 def operand_value(operand: P.Operand, params: Mapping | Sequence, sql: str) -> Any:
@@ -710,7 +770,7 @@ def _check_params(q: Query | MultiQuery, params: Any) -> Mapping | Sequence:
         if len(params) != q.n_positional:
             raise SqlError(f"this query has {q.n_positional} ? parameter(s), {len(params)} given", q.sql)
         return params
-    if not isinstance(params, Mapping):
+    if type(params) is not dict and not isinstance(params, Mapping):  # (an ABC test costs a microsecond)
         raise SqlError("this query has :name parameters: pass a dict", q.sql)
     return _NamedParams(params, q.sql)
 

@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import sqlglot
@@ -111,6 +112,19 @@ class Query:
     n_positional: int = 0
     duck_params: dict[str, P.Operand] = field(default_factory=dict)  # $name in duck_sql -> operand
     residual: str | None = None  # the part of WHERE DuckDB evaluates (in duck_sql), as SQL
+
+    @cached_property
+    def point(self) -> P.Compare | P.ArrayContains | None:
+        """WHERE's one leaf when this is a point query, else None: documents (``SELECT *``,
+        no EXCEPT, ORDER BY or expressions) where one field equals a value or one array
+        contains it (LIMIT and OFFSET allowed). The shape of a key-value lookup, which the
+        engine runs without its general planning (SqlEngine.sql says why)."""
+        w = self.where
+        if not self.star or self.plain is None or self.star_except or self.residual is not None:
+            return None
+        if (isinstance(w, P.Compare) and w.op == "=") or isinstance(w, P.ArrayContains):
+            return w
+        return None
 
 
 POSITIONAL = "__q"  # ? placeholders are renamed $__q0, $__q1, ... in order of appearance

@@ -255,8 +255,8 @@ class IndexEvaluator:
             if v is None:
                 return self.none()
             if p.op == "=":
-                hits = self.snap.term(p.path, v)
-            elif p.op == "<>":
+                return self.snap.matching(p.path, v)
+            if p.op == "<>":
                 return self.scalar(p.path, domain_tags(v)) - self.snap.term(p.path, v)
             else:
                 lo, hi = (v, None) if p.op in (">", ">=") else (None, v)
@@ -272,11 +272,7 @@ class IndexEvaluator:
             hits = self.snap.prefix(p.path, text, budget=self.budget) if is_prefix else self.snap.term(p.path, text)
             return hits - self.arrays(p.path) if hits else hits
         if isinstance(p, ArrayContains):
-            v = self.bind(p.value)
-            if v is None:
-                return self.none()
-            hits = self.snap.elements(p.path, v)
-            return hits - self.arrays(p.path, include_self=False) if hits else hits
+            return self.snap.matching(p.path, self.bind(p.value), contains=True)
         raise TypeError(f"not a predicate: {p!r}")
 
     def false(self, p: Pred):
