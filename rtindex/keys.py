@@ -157,12 +157,17 @@ def decode_value(tag: int, enc: bytes) -> Any:
 
 
 def term(path: Sequence[str], tag: int, value: Any = None) -> bytes:
-    return encode_path(path) + bytes((tag,)) + encode_value(tag, value)
+    return column_key(path, tag) + encode_value(tag, value)
 
 
 def column_key(path: Sequence[str], tag: int) -> bytes:
     """The prefix of every term of ``path`` with type ``tag``; also names a column."""
-    return encode_path(path) + bytes((tag,))
+    return _column_key(path if type(path) is tuple else tuple(path), tag)
+
+
+@functools.lru_cache(maxsize=4096)  # (as _encode_tuple: every lookup asks)
+def _column_key(path: tuple[str, ...], tag: int) -> bytes:
+    return _encode_tuple(path) + bytes((tag,))
 
 
 def column_key_of(t: bytes) -> bytes:

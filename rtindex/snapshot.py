@@ -42,11 +42,12 @@ class Postings:
     documents. Held as a BitMap of offsets per (shard, segment base).
     """
 
-    __slots__ = ("_snap", "_parts")
+    __slots__ = ("_snap", "_parts", "_len")
 
     def __init__(self, snap: "Snapshot", parts: dict[tuple[int, int], BitMap]):
         self._snap = snap
         self._parts = {k: v for k, v in parts.items() if v}
+        self._len: int | None = None  # (the parts never change: counted once)
 
     def _combine(self, other: "Postings", op) -> "Postings":
         if other._snap is not self._snap:
@@ -70,7 +71,9 @@ class Postings:
         return self._combine(other, lambda a, b: {k: (v - b[k] if k in b else v) for k, v in a.items()})
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._parts.values())
+        if self._len is None:
+            self._len = sum(len(v) for v in self._parts.values())
+        return self._len
 
     def __bool__(self) -> bool:
         return bool(self._parts)

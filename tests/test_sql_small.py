@@ -191,7 +191,7 @@ def test_the_index_path_aggregates_a_few_matched_rows_without_duckdb(tmp_path):
         sql = ("SELECT product, SUM(CAST(clicks AS FLOAT)) / (SUM(CAST(views AS FLOAT)) + 1.0) AS ctr "
                "FROM clicks WHERE city = :c GROUP BY product ORDER BY ctr DESC, product LIMIT 5")
         plan = db.explain(sql, {"c": "c7"})
-        assert plan.access == "index" and plan.arrow and "aggregated with Arrow compute" in str(plan)
+        assert plan.access == "index" and plan.arrow and "aggregated with numpy and Arrow compute" in str(plan)
         fast = db.sql(sql, {"c": "c7"})
         assert fast.plan.arrow and db._sql._duck is None
         slow = db.sql(sql, {"c": "c7"}, access="scan")  # DuckDB over the column scan

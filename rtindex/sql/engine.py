@@ -53,13 +53,14 @@ COLUMN_COST = 0.035
 SCAN_OVERHEAD = 400.0
 ACCESS = ("index", "scan")
 STAR_BLOCKER = "SELECT * reads whole documents"  # why the column scan cannot answer SELECT *
+STAR_REASON = f"the column scan cannot: {STAR_BLOCKER}"
 WARNINGS_MEMO = 1024  # query texts whose warnings are remembered (SqlEngine.warnings_memo)
 # rows of an index-path result measured to estimate its size before it is fetched in full
 SAMPLE_ROWS = 16
 # up to this many matched rows, the kinds of values a mixed field holds in them are read from
 # the rows (fetched anyway); past it from posting lists, which hold no rows in memory
 MIXING_FROM_ROWS = 4096
-# the index path aggregates this many matched rows at most with Arrow compute (small.py): beyond
+# the index path aggregates this many matched rows at most in numpy and Arrow (small.py): beyond
 # them DuckDB's per-call cost no longer matters and its threads pay
 SMALL_ROWS = 100_000
 
@@ -79,7 +80,7 @@ class Plan:
     duckdb_sql: str | None = None
     residual: str | None = None  # the part of WHERE the index does not answer: DuckDB evaluates it
     by_column: bool = False  # index path: the fields are read from the column store at the matched rows
-    arrow: bool = False  # the aggregate was computed with Arrow compute, not DuckDB (rtindex/sql/small.py)
+    arrow: bool = False  # the aggregate was computed with numpy and Arrow, not DuckDB (rtindex/sql/small.py)
     # a query over collection references: the plan of each collection it reads, and lines
     # on its references (index part, residual, estimated rows)
     sources: list[Plan] = field(default_factory=list)
@@ -110,7 +111,7 @@ class Plan:
         if self.scan_cost_us is not None:
             lines.append(f"  estimated cost, column scan: {self.scan_cost_us:,.0f} us")
         if self.arrow:
-            lines.append("  aggregated with Arrow compute over the matched rows (DuckDB runs the statement "
+            lines.append("  aggregated with numpy and Arrow compute over the matched rows (DuckDB runs the statement "
                          "below where the values need it)")
         lines.append(f"  DuckDB: {self.duckdb_sql}" if self.duckdb_sql else "  DuckDB: not used")
         return "\n".join(lines)
@@ -177,8 +178,7 @@ class SqlEngine:
         snap = snapshot_of(self._lookup, q)
         rows = snap.matching(leaf.path, value, contains=isinstance(leaf, P.ArrayContains))
         n = len(rows)
-        plan = Plan(q.collection, "index", f"the column scan cannot: {STAR_BLOCKER}", snap.count(), n,
-                    index_cost_us=n * ROW_COST)
+        plan = Plan(q.collection, "index", STAR_REASON, snap.count(), n, index_cost_us=n * ROW_COST)
         n_out = max(0, n - offset) if limit is None else max(0, min(n - offset, limit))
         budget = self.max_result_bytes
         t1 = time.perf_counter()
