@@ -131,6 +131,9 @@ class Snapshot:
         self._mem = [(i, v) for i, v in self._views_with_rows if not isinstance(v.seg, Segment)]
         self._count = sum(st.count() for st in self.states)
         self.next_row_ids = tuple(st.next_row_id for st in self.states)  # (rows written, per shard)
+        # the planners' questions (has_type, column_types), answered once per snapshot: each
+        # asks every view, and every query asks them again
+        self._memo: dict[tuple[str, bytes], Any] = {}
 
     def _check(self) -> None:
         if self._coll.closed:
@@ -318,13 +321,21 @@ class Snapshot:
         """Whether some row may hold a ``type_name`` value (an array element, or a row deleted
         since, counts) at ``path``: a cheap, conservative test for planners."""
         ck = keys.column_key(keys.split_path(path), keys.TAGS_BY_NAME[type_name])
-        return any(self._shards[i].has_terms(v, ck) for i, v in self._views())
+        found = self._memo.get(("has_type", ck))
+        if found is None:
+            found = self._memo[("has_type", ck)] = any(self._shards[i].has_terms(v, ck) for i, v in self._views())
+        self._check()
+        return found
 
     def column_types(self, path: Path) -> list[str]:
         """Type names with a column for ``path`` in any segment (what scan() can return)."""
         path_key = keys.encode_path(keys.split_path(path))
-        tags = set().union(*(self._shards[i].column_tags(v, path_key) for i, v in self._views()))
-        return [keys.TAG_NAMES[t] for t in sorted(tags)]
+        found = self._memo.get(("column_types", path_key))
+        if found is None:
+            tags = set().union(*(self._shards[i].column_tags(v, path_key) for i, v in self._views()))
+            found = self._memo[("column_types", path_key)] = [keys.TAG_NAMES[t] for t in sorted(tags)]
+        self._check()
+        return list(found)
 
     def field_paths(self) -> set[tuple[str, ...]]:
         """Every field path some row may hold (with each object on the way to one): what
