@@ -419,5 +419,6 @@ class Collection:
                     s.wait_for_background()  # re-raises a background failure, after which ...
         finally:
             self._closed = True  # ... every shard is still closed
+            self._snapshot = None  # (it holds segments: a closed collection has none to serve)
             for s in self._shards:
                 s.close()
