@@ -171,3 +171,26 @@ def test_postings_iterate_in_row_id_order_and_show_themselves(db):
     (s, r), = snap.term("_id", 7)
     assert repr(snap.term("_id", 7)) == f"<rtindex.Postings 1 row: ({s}, {r})>"
     assert repr(snap.term("_id", "none")) == "<rtindex.Postings 0 rows>" and list(snap.term("_id", "none")) == []
+
+
+def test_the_shared_snapshot_never_keeps_a_retired_segment(db):
+    """Reads between writes share one snapshot; a write drops it at once, so the segments a
+    merge retires are freed without waiting for another read."""
+    import gc
+    import weakref
+
+    c = db.create_collection("r", shards=1)
+    for start in range(0, 64 * 3, 64):  # three sealed segments of 64 rows: one short of a merge
+        c.ingest([{"_id": i, "k": i % 3} for i in range(start, start + 64)])
+        c.flush()
+    before = c.snapshot()
+    assert c.snapshot() is before and len(before.term("k", 1)) == 64
+    sealed = [weakref.ref(v.seg) for v in before.states[0].views if v.sealed]
+    assert len(sealed) == 3
+    del before
+    c.ingest([{"_id": i, "k": 9} for i in range(64 * 3, 64 * 4)])
+    c.flush()  # the fourth: the four merge into one, retiring the first three
+    gc.collect()
+    assert c._snapshot is None  # no read since the writes
+    assert all(ref() is None for ref in sealed)
+    assert [v.limit for v in c.snapshot().states[0].views if v.sealed] == [256]
