@@ -95,8 +95,7 @@ class RowStoreCache:
             self._lru.put_many(put_keys, put_docs, sizes)
         if charge is not None:
             total, absent = self._lru.charged(keys)  # (absent: evicted at once, or too big to cache)
-            charge[0] += total - ENTRY_BYTES * (len(docs) - absent) if not absent else json_bytes(
-                [d for d in docs if d is not None])
+            charge[0] += total - ENTRY_BYTES * len(docs) if not absent else json_bytes([d for d in docs if d is not None])
         return docs
 
     def forget(self, shard_id: int, row_ids: list[int]) -> None:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from rtindex import columns, keys
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 Path = str | Sequence[str]
 _NUMERIC_INT_TAGS = (keys.INT, keys.TIMESTAMP)
 _REPR_ROWS = 5  # how many (shard, row id) pairs repr(Postings) shows
-_FEW_ROWS = 16  # Postings.by_shard: up to this many offsets of a part, converted one by one
+_FEW_ROWS = 16  # up to this many row ids (a part's in by_shard, all in fetch): Python ints, not numpy
 
 
 class Postings:

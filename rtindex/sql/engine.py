@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence  # (typing's i
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
 from rtindex import keys
@@ -42,7 +41,7 @@ from rtindex.sql.parse import PlanCache, Query
 from rtindex.sql.sources import MultiQuery
 
 if TYPE_CHECKING:
-    from rtindex.snapshot import Snapshot
+    from rtindex.snapshot import Postings, Snapshot
 
 # Cost model, in microseconds, from benchmarks/query.py --quick on the 2-core development
 # machine (docs/benchmarks.md): fetching, decoding and framing one matched row (~9 us with
