@@ -527,6 +527,9 @@ class RemoteCollection:
     @staticmethod
     def _line(idx: int, doc: Any, stats: IngestStats) -> tuple[int, Any, bytes] | None:
         """A document as an NDJSON line, or None after recording why it cannot be one."""
+        line = None
+        if type(doc) is documents.Line:  # NDJSON input: the line is sent as it is, if it has an _id
+            doc, line = doc.doc, doc.raw
         if isinstance(doc, SchemaError):  # text input that does not parse
             stats.errors.append(ItemError(idx, None, doc.path, doc.message))
             return None
@@ -537,6 +540,8 @@ class RemoteCollection:
         own_id = documents.json_value(doc.get("_id"))
         if own_id is None:  # named here, so that resending a batch cannot store it twice
             doc = {**doc, "_id": documents.new_id()}
+        elif line is not None:
+            return idx, own_id, line.strip()
         try:
             return idx, own_id, documents.to_json_bytes(doc)[1]
         except (TypeError, orjson.JSONEncodeError) as e:

@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from rtindex import documents
+from rtindex import documents, gcpause
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import (
     ClosedError,
@@ -217,13 +217,14 @@ class Collection:
         written: dict[bytes, tuple[Any, int]] = {}  # id key -> (_id, size of the last stored version)
         bar = Progress(progress, source.total, source.unit, self.name)
         try:
-            with source, CtrlC() as ctrl_c:
+            with source, CtrlC() as ctrl_c, gcpause.paused():
                 chunk: list = []
                 for item in source.items:
                     chunk.append(item)
                     if len(chunk) >= batch_size:
                         self._store(chunk, limits, n_shards, stats, written, bar, source, ctrl_c)
                         chunk = []
+                        gcpause.collect_young()
                 if chunk:
                     self._store(chunk, limits, n_shards, stats, written, bar, source, ctrl_c)
         except KeyboardInterrupt as e:
@@ -253,11 +254,14 @@ class Collection:
         per_shard: list[list] = [[] for _ in range(n_shards)]
         stored: dict[int, tuple[Any, bytes, int]] = {}  # input index -> (_id, id key, size), while not failed
         for idx, doc in chunk:
-            if isinstance(doc, SchemaError):
+            line = None
+            if type(doc) is documents.Line:
+                doc, line = doc.doc, doc.raw
+            elif isinstance(doc, SchemaError):
                 stats.errors.append(ItemError(idx, None, doc.path, doc.message))
                 continue
             try:
-                doc_id, id_key, d, raw = documents.prepare(doc, limits, now, check_event_time=True)
+                doc_id, id_key, d, raw = documents.prepare(doc, limits, now, check_event_time=True, raw=line)
             except SchemaError as e:
                 stats.errors.append(ItemError(idx, doc.get("_id") if isinstance(doc, dict) else None,
                                               e.path, e.message))

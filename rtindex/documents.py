@@ -310,12 +310,37 @@ def _converted(d: dict, limits: Limits) -> tuple[dict, bytes]:
     raise SchemaError(f"document is not JSON-serializable: {error}") from None
 
 
-def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = False) -> tuple[Any, bytes, dict, bytes]:
+class Line:
+    """A document parsed from an NDJSON line, with the line's bytes: what ingest stores as the
+    row when nothing had to be filled in or converted, instead of serializing the document
+    again (7-10 us a 1.2 KB event, most of it reading the parsed document back from memory;
+    docs/benchmarks.md)."""
+
+    __slots__ = ("doc", "raw")
+
+    def __init__(self, doc: Any, raw: bytes):
+        self.doc = doc
+        self.raw = raw
+
+
+def _spliced(raw: bytes, doc: dict, filled: dict) -> bytes | None:
+    """``raw`` (the JSON text of ``doc``) with the ``filled`` keys added at its end, as
+    ``dict(doc) | filled`` would serialize; None when a filled key is in ``doc`` already (its
+    value was converted: the document is serialized again)."""
+    if any(k in doc for k in filled):
+        return None
+    body = raw.strip()
+    return body[:-1] + (b"," if doc else b"") + orjson.dumps(filled)[1:]
+
+
+def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = False,
+            raw: bytes | None = None) -> tuple[Any, bytes, dict, bytes]:
     """(user id, id key, document, serialized document) ready for a shard, or SchemaError.
 
     The document holds plain JSON types only (see :func:`to_json_bytes`); the caller's
     dict is never changed. ``check_event_time``: see :func:`event_time_of` (ingest checks
-    what it is given; a patch re-stores a document whose time was checked before)."""
+    what it is given; a patch re-stores a document whose time was checked before).
+    ``raw``: the JSON text ``doc`` was parsed from (see :class:`Line`), stored as it is."""
     if not isinstance(doc, dict):
         raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
     given_id = doc.get("_id")
@@ -324,32 +349,43 @@ def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = Fals
     et_us = now_us if et is None else event_time_of(et, now_us, check_event_time)  # a valid int: itself
     if doc_id is None or doc_id is not given_id or et_us is not et:
         # fill in what is missing on a copy
-        d = dict(doc)
+        filled = {}
         if doc_id is None:
             doc_id = new_id()
-        d["_id"] = doc_id
-        d["_event_time"] = et_us
+        if doc_id is not given_id:
+            filled["_id"] = doc_id
+        if et_us is not et:
+            filled["_event_time"] = et_us
+        if raw is not None:
+            raw = _spliced(raw, doc, filled)
+        d = dict(doc)
+        d.update(filled)
     else:
         d = doc
+        if raw is not None:
+            raw = raw.strip()
     id_key = encode_id(doc_id)
-    try:  # most documents are plain JSON: serialized once, never walked (see to_json_bytes)
-        raw = orjson.dumps(d, default=_not_plain, option=_PASSTHROUGH)
-    except orjson.JSONEncodeError:
-        d, raw = _converted(d, limits)
+    if raw is None:
+        try:  # most documents are plain JSON: serialized once, never walked (see to_json_bytes)
+            raw = orjson.dumps(d, default=_not_plain, option=_PASSTHROUGH)
+        except orjson.JSONEncodeError:
+            d, raw = _converted(d, limits)
     if len(raw) > limits.max_document_bytes:
         raise SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes={limits.max_document_bytes}")
     return doc_id, id_key, d, raw
 
 
 def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Any]]:
-    """Yield (line number - 1, document or SchemaError) for each non-blank NDJSON line."""
+    """Yield (line number - 1, :class:`Line` or SchemaError) for each non-blank NDJSON line."""
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            yield i, orjson.loads(line)
+            doc = orjson.loads(line)
         except orjson.JSONDecodeError as e:
             yield i, SchemaError(f"invalid JSON on line {i + 1}: {e}")
+            continue
+        yield i, Line(doc, line if isinstance(line, bytes) else line.encode())
 
 
 def parse_input(data: bytes | str) -> Iterator[tuple[int, Any]]:

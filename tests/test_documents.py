@@ -6,7 +6,10 @@ import os
 import re
 import threading
 
+import pytest
+
 from rtindex import documents
+from rtindex.errors import SchemaError
 
 
 def test_generated_ids_are_distinct_hex_across_pool_refills():
@@ -46,3 +49,67 @@ def test_a_forked_child_does_not_repeat_its_parents_ids():
     parent = [documents.new_id() for _ in range(8)]
     child_ids = [child[i : i + 32] for i in range(0, len(child), 32)]
     assert len(child_ids) == 8 and not set(child_ids) & set(parent)
+
+
+# -- NDJSON lines stored as they came ----------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+import json  # noqa: E402
+
+import orjson  # noqa: E402
+
+from rtindex.documents import Limits, Line, parse_lines, prepare  # noqa: E402
+
+NOW = 1_700_000_000_000_000
+_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+_event_times = st.sampled_from([None, NOW + 5, "2024-05-01T12:00:00", 1_700_000_000_000])
+
+
+@st.composite
+def _documents(draw):
+    doc = draw(st.dictionaries(st.text(max_size=6).filter(lambda k: k not in ("_id", "_event_time")), _values, max_size=5))
+    items = list(doc.items())
+    if draw(st.booleans()):  # an _id, somewhere among the keys
+        items.insert(draw(st.integers(0, len(items))), ("_id", draw(st.none() | st.text(max_size=6) | st.integers(-5, 5))))
+    et = draw(_event_times)
+    if et is not None or draw(st.booleans()):
+        items.insert(draw(st.integers(0, len(items))), ("_event_time", et))
+    return dict(items)
+
+
+def _line(doc: dict, spaced: bool) -> bytes:
+    """NDJSON text of ``doc``, compact (as orjson writes) or spaced (as json.dumps does)."""
+    return (b"  " + json.dumps(doc).encode() + b" \r") if spaced else orjson.dumps(doc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_documents(), st.booleans())
+def test_a_line_is_stored_as_the_document_serialized_would_be(doc, spaced):
+    limits = Limits()
+    (_, parsed), = parse_lines([_line(doc, spaced)])
+    assert type(parsed) is Line
+    try:
+        want = prepare(parsed.doc, limits, NOW, True)
+    except SchemaError as e:  # e.g. an _event_time in milliseconds: refused the same way
+        with pytest.raises(SchemaError) as refused:
+            prepare(parsed.doc, limits, NOW, True, raw=parsed.raw)
+        assert str(refused.value) == str(e)
+        return
+    got = prepare(parsed.doc, limits, NOW, True, raw=parsed.raw)
+    if doc.get("_id") is None:  # generated: different ids, same place
+        assert got[0] != want[0]
+        got = (want[0], want[1], {**got[2], "_id": want[0]}, got[3].replace(got[0].encode(), want[0].encode()))
+    assert got[:2] == want[:2]
+    assert got[2] == want[2] and list(got[2]) == list(want[2])
+    stored, expected = orjson.loads(got[3]), orjson.loads(want[3])
+    assert stored == expected and list(stored) == list(expected)  # same values, same key order
+    if not spaced and doc.get("_id") is not None and doc.get("_event_time") in (NOW + 5,):
+        assert got[3] == want[3]  # nothing filled in: the line itself, byte for byte
+
+
+def test_a_line_over_max_document_bytes_is_refused_by_its_own_length():
+    line = b'{"_id": 1, "_event_time": 1700000000000000, "pad": "' + b"x" * 100 + b'"}'
+    (_, parsed), = parse_lines([line])
+    with pytest.raises(SchemaError, match="max_document_bytes"):
+        prepare(parsed.doc, Limits(max_document_bytes=100), NOW, True, raw=parsed.raw)
