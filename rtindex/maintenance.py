@@ -136,8 +136,9 @@ class Maintenance:
         segid = shard.new_segid()
 
         def column_chunks():
-            for ck, offs, vals in b.columns():
-                yield ck, columns.encode(columns.dense(ck[-1], offs, vals, n))
+            # Arrow arrays copied from the builder's buffers (mostly without the GIL)
+            for ck, offs, values in b.columns():
+                yield ck, columns.encode(columns.dense(ck[-1], offs, values, n))
 
         # postings are sorted and encoded in C with the GIL released
         file = segfile.write_segment(shard.segments_dir, segid, mem.base, n, FrozenBitMap(range(n)),

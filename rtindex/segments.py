@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyroaring import FrozenBitMap
 
 from rtindex import columns, segfile
+from rtindex.chunkcache import ChunkCache
 from rtindex.errors import CorruptionError
 from rtindex.segfile import SegmentFile
 
@@ -27,7 +28,7 @@ class Segment:
     runs once the last reader state that refers to it is gone."""
 
     __slots__ = ("segid", "base", "n", "live", "file", "column_keys", "column_set", "block_keys", "terms", "term_memo",
-                 "tags_memo", "merged_into", "_live_offsets", "_columns", "live_dense", "__weakref__")
+                 "tags_memo", "merged_into", "_live_offsets", "live_dense", "__weakref__")
 
     def __init__(self, segid: int, file: SegmentFile):
         self.segid = segid
@@ -48,18 +49,20 @@ class Segment:
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
         self._live_offsets: pa.Array | None = None
-        self._columns: dict[bytes, columns.Chunk | None] = {}  # column key -> its decoded chunk
 
-    def column(self, column_key: bytes) -> columns.Chunk | None:
+    def column(self, column_key: bytes, cache: ChunkCache) -> columns.Chunk | None:
         """The column chunk of ``column_key`` (one value per live offset), or None; decoded
-        once (zero-copy over the mapped file: a decode costs ~50 us, every scan and every
-        add-fields read of the segment needs it)."""
-        try:
-            return self._columns[column_key]
-        except KeyError:
+        once while ``cache`` keeps it (every scan and every add-fields read of the segment
+        needs it, and a compressed chunk costs ~1 ms per MB to decode)."""
+        if column_key not in self.column_set:
+            return None
+        key = (self.file.path, column_key)
+        chunk = cache.get(key)
+        if chunk is None:
             arr = self.file.column(column_key)
-            chunk = self._columns[column_key] = columns.Chunk(arr) if arr is not None else None
-            return chunk
+            chunk = columns.Chunk(arr)
+            cache.put(key, chunk, arr.nbytes)
+        return chunk
 
     @property
     def live_offsets(self) -> pa.Array:
@@ -79,9 +82,14 @@ def open_segment(directory: str, segid: int, descriptor: dict, shard_index: int)
 
 
 class MemSegment:
-    """An in-memory segment: mutable while active, read-only once rotated out for sealing."""
+    """An in-memory segment: mutable while active, read-only once rotated out for sealing.
 
-    __slots__ = ("builder", "base", "sealed_as", "_arrow", "__weakref__")
+    Scans read its columns with ``builder.column`` each time, with no cache of Arrow arrays
+    here: the builder keeps its values in Arrow's layout already, so a scan's cost is a copy
+    (a memcpy of the visible prefix), not a conversion from Python objects.
+    """
+
+    __slots__ = ("builder", "base", "sealed_as", "__weakref__")
 
     def __init__(self, builder, base: int):
         self.builder = builder
@@ -89,27 +97,6 @@ class MemSegment:
         # the Segment it became: a reader still holding this MemSegment keeps that Segment
         # (and so its rows) alive until the reader is done, even after a merge retires it
         self.sealed_as: Segment | None = None
-        self._arrow: dict[bytes, pa.Array] = {}  # column key -> its values converted so far
-
-    def arrow_values(self, column_key: bytes, values: list) -> pa.Array:
-        """``values``, the first k values of a column as ``builder.column`` gives them, as
-        Arrow. A column's values only ever grow at the end (a builder is never rewound:
-        a failed write replaces the MemSegment), so the array made for an earlier scan is
-        kept and only the values added since are converted. A scan of the unsealed segment
-        then costs a copy per query instead of converting every value from Python objects
-        (benchmarks/rockbench.py: the evaluator's query spent 64% of its time there). Costs
-        the memory of the scanned columns once more, until the segment is sealed."""
-        k = len(values)
-        have = self._arrow.get(column_key)
-        if have is not None and len(have) >= k:
-            return have.slice(0, k)
-        tag = column_key[-1]
-        if have is None:
-            arr = columns.values_array(tag, values)
-        else:
-            arr = pa.concat_arrays([have, columns.values_array(tag, values[len(have):])])
-        self._arrow[column_key] = arr  # racing scans store prefixes of the same values: any is right
-        return arr
 
 
 @dataclass(frozen=True, slots=True)

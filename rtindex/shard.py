@@ -24,6 +24,7 @@ from rtindex import columns, keys
 from rtindex._impl import block_range
 from rtindex.errors import CorruptionError
 from rtindex.keys import u64
+from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache, copy_json
 from rtindex.segments import EMPTY, Segment, ShardConfig, ShardState, View, keep_mask, spend
 from rtindex.storage import Store
@@ -39,12 +40,14 @@ class Shard:
     store: Store
     _state: ShardState
 
-    def __init__(self, path: str, index: int, config: ShardConfig, row_cache: RowStoreCache):
+    def __init__(self, path: str, index: int, config: ShardConfig, row_cache: RowStoreCache,
+                 column_cache: ChunkCache):
         self.path = path
         self.index = index
         self.config = config
         self.segments_dir = os.path.join(path, SEGMENTS_DIR)
         self._rows = row_cache
+        self._column_cache = column_cache
         self._row_cache_id = row_cache.new_shard_id()
         self._mem_lock = threading.Lock()  # guards the builder being filled against concurrent reads
         self.on_publish: Callable[[], None] | None = None  # called after each new state
@@ -284,7 +287,7 @@ class Shard:
         n = len(seg.live)
         out = []
         for ck in colkeys:
-            chunk = seg.column(ck)
+            chunk = seg.column(ck, self._column_cache)
             if chunk is not None and len(chunk.array) != n:
                 raise CorruptionError(f"shard {self.index}: column chunk of the wrong length in segment "
                                       f"{seg.segid} ({seg.file.path})")
@@ -294,12 +297,7 @@ class Shard:
     def _mem_columns(self, view: View, colkeys: list[bytes]) -> list[pa.Array]:
         """The columns of an in-memory ``view``'s first ``limit`` rows (deleted ones too)."""
         n = view.limit
-        by_key = {}
-        with self._reading(view):
-            for ck in colkeys:
-                offs, vals = view.seg.builder.column(ck, n)
-                if len(offs):
-                    by_key[ck] = (offs, vals)
-        for ck, (offs, vals) in by_key.items():  # outside the lock: vals is a copy
-            by_key[ck] = (offs, view.seg.arrow_values(ck, vals))
-        return [columns.dense(ck[-1], *by_key[ck], n) if ck in by_key else columns.nulls(ck[-1], n) for ck in colkeys]
+        with self._reading(view):  # (copies of the builder's buffers: used outside the lock)
+            got = [view.seg.builder.column(ck, n) for ck in colkeys]
+        return [columns.dense(ck[-1], offs, vals, n) if len(offs) else columns.nulls(ck[-1], n)
+                for ck, (offs, vals) in zip(colkeys, got)]

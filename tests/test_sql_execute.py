@@ -249,9 +249,8 @@ def test_bad_sizes_are_value_errors():
 
 
 def test_scans_of_a_growing_unsealed_segment_stay_right(tmp_path):
-    """The unsealed segment's scanned columns are converted to Arrow once and extended as
-    rows arrive (MemSegment.arrow_values); every scan still sees exactly its own rows,
-    an older snapshot included."""
+    """The unsealed segment's columns are copied out of the builder's growing C buffers
+    per scan; every scan still sees exactly its own rows, an older snapshot included."""
     import rtindex
 
     with rtindex.open(str(tmp_path / "db"), seal_rows=100_000) as db:

@@ -16,6 +16,19 @@ cdef struct U32Vec:
     size_t cap  # entries allocated
 
 
+cdef struct Buf:
+    unsigned char* data  # heap buffer (NULL until the first append)
+    size_t n  # bytes in use
+    size_t cap  # bytes allocated: room(most ever in use, BUF_MIN)
+
+
+cdef struct Copy:
+    unsigned char* dst  # into a new Arrow buffer
+    const unsigned char* src  # NULL: fill with 0xFF bytes instead (a NULL column's trues)
+    size_t n  # bytes
+    unsigned char last  # bits of the last byte that are values (0: all; else the others are cleared)
+
+
 cdef union PData:
     offset_t* heap  # heap buffer, when n > PLIST_INLINE (capacity: max(8, next power of 2))
     offset_t inl[PLIST_INLINE]  # inline storage, when n <= PLIST_INLINE (most terms)
@@ -40,7 +53,6 @@ cdef struct Pending:
     uint64_t key  # the term's TEntry.key
     uint32_t cid  # its column id
     PyObject* sv  # owned reference to the str of a STRING term, else NULL
-    Py_ssize_t vlen  # length of the encoded value (for nbytes)
 
 
 cdef struct SortItem:
@@ -86,8 +98,11 @@ cdef class _Column:
     cdef int tag  # keys.NULL ... keys.OBJECT
     cdef uint32_t cid  # column id: index in SegmentBuilder._cols
     cdef U32Vec tids  # this column's term ids, in creation order
-    cdef U32Vec offs  # column store: row offsets of the values below
-    cdef list values  # column store: values of rows whose leaf is outside arrays
+    cdef U32Vec offs  # column store: row offsets of the values below (leaves outside arrays)
+    cdef Buf vals  # column store values, as Arrow lays them out: int64 (INT, TIMESTAMP), double
+                   # (FLOAT), one bit each, least significant first (BOOL), UTF-8 one after
+                   # another (STRING, ARRAY: the JSON text); unused for NULL (all true)
+    cdef Buf ends  # STRING, ARRAY: int64 end of each value in vals (Arrow's offsets but the 0)
 
 
 cdef class _Node:
@@ -127,7 +142,7 @@ cdef class SegmentBuilder:
     cdef dict _colobjs  # column key -> _Column (including ones without any term yet)
     cdef list _colkeys  # column keys with at least one term, in first-term order
     cdef Py_ssize_t _n  # rows added
-    cdef Py_ssize_t _nbytes  # approximate memory held
+    cdef Py_ssize_t _nbytes  # memory held beyond what nbytes computes from _n_terms (see nbytes)
     cdef offset_t _off  # offset of the row being added
     cdef U32Vec _doc_terms  # scratch: term ids that got a posting for the row being added
     cdef PyObject** _doc_cols  # scratch: columns (borrowed) that got a value for that row
@@ -135,18 +150,20 @@ cdef class SegmentBuilder:
     cdef size_t _cap_doc_cols  # entries of _doc_cols allocated
     cdef bint _busy  # inside add(): guards against re-entry (e.g. from another thread)
     cdef Py_ssize_t _fail_at  # tests: MemoryError before resolving queued term n (-1: never)
-    cdef Py_ssize_t _pins  # write_blocks() calls under way (they release the GIL): add() refuses
+    cdef Py_ssize_t _pins  # write_blocks()/column()/columns() calls under way (they may release
+                          # the GIL): add() refuses
 
     cdef TEntry* _find(self, uint32_t cid, uint64_t key, str sv)
     cdef TEntry* _find_tid(self, Py_ssize_t tid)
-    cdef TEntry* _insert(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except NULL
+    cdef TEntry* _insert(self, _Column col, uint64_t key, object sv) except NULL
     cdef int _grow_table(self) except -1
     cdef void _delete_slot(self, size_t i) noexcept
-    cdef int _queue(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except -1
+    cdef int _queue(self, _Column col, uint64_t key, object sv) except -1
     cdef int _commit(self) except -1
     cdef void _release_pending(self) noexcept
     cdef int _post(self, TEntry* e) except -1
-    cdef int _col_add(self, _Column col, object value) except -1
+    cdef int _col_add(self, _Column col, const void* v, size_t n, str s) except -1
+    cdef list _copy_columns(self, list cols, list cuts)
     cdef bytes _term_bytes(self, Py_ssize_t tid)
     cdef Py_ssize_t _term_id(self, bytes term) except -2
     cdef array _postings_copy(self, Py_ssize_t tid, uint64_t limit)
@@ -164,7 +181,7 @@ cdef class SegmentBuilder:
                              const Where* where, Py_ssize_t depth, bint in_array) except -1
     cdef int _walk_array(self, object v, _Node parent, object key, _Node node,
                          const Where* where, Py_ssize_t depth, bint in_array) except -1
-    cdef int _leaf_str(self, str v, object colval, _Node parent, object key, _Node node,
+    cdef int _leaf_str(self, str v, _Node parent, object key, _Node node,
                        const Where* where, bint in_array) except -1
     cdef int _leaf_int(self, object v, _Node parent, object key, _Node node,
                        const Where* where, Py_ssize_t depth, bint in_array) except -1

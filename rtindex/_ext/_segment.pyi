@@ -3,6 +3,8 @@
 from array import array
 from typing import Any
 
+import pyarrow as pa
+
 class SegmentBuilder:
     """In-memory postings and column values of the newest rows of one shard."""
 
@@ -13,7 +15,7 @@ class SegmentBuilder:
         """Rows added so far."""
     @property
     def nbytes(self) -> int:
-        """Approximate memory held (term bytes + 4 per posting entry + column values)."""
+        """Memory held: term table, per-term arrays and strs, postings, column buffers, path nodes."""
     def add(self, doc: dict[str, Any]) -> int:
         """Index ``doc`` as the next row; returns its offset. All or nothing on SchemaError."""
     def postings(self, term: bytes, limit: int) -> array:
@@ -24,10 +26,10 @@ class SegmentBuilder:
         """Column keys (path + type) that have at least one term, in first-term order."""
     def sorted_postings(self) -> list[tuple[bytes, array]]:
         """All (term, offsets) pairs sorted by term: what a seal writes."""
-    def columns(self) -> list[tuple[bytes, array, list[Any]]]:
-        """(column key, offsets, values) for every column, sorted by column key."""
-    def column(self, column_key: bytes, limit: int) -> tuple[array, list[Any]]:
-        """(offsets, values) of one column's rows with offset < ``limit``: new array and list."""
+    def columns(self) -> list[tuple[bytes, array, pa.Array]]:
+        """(column key, offsets, Arrow values) for every column with values, sorted by column key."""
+    def column(self, column_key: bytes, limit: int) -> tuple[array, pa.Array]:
+        """(offsets, Arrow values) of one column's rows with offset < ``limit``: new arrays."""
     def column_size(self, column_key: bytes, limit: int) -> int:
         """How many rows with offset < ``limit`` have a value in this column (no copy)."""
     def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]:

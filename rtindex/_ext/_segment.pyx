@@ -21,6 +21,12 @@ them new in a high-cardinality stream):
   term blocks in C, with the block format code of ``_blocks`` (cimported);
 - a posting list of one or two rows is stored inline in the entry (most high-cardinality
   terms), longer ones in a heap block grown by doubling;
+- the column store is typed C buffers in Arrow's layout, filled by ``add``: int64 (INT,
+  TIMESTAMP), double (FLOAT), bits (BOOL), UTF-8 arenas with int64 offsets (STRING, and
+  ARRAY as its JSON text), nothing but the row offsets for NULL. No value object is kept
+  (they were most of the builder's memory), and ``column``/``columns`` hand Arrow arrays
+  copied from the buffers with a memcpy (without the GIL when large) instead of converting
+  Python objects;
 - ``add`` works in two phases. The walk validates every value, fills the column store and
   queues the document's terms, prefetching their table slots; then ``_commit`` resolves the
   queue in walk order, by when the slots (a cache miss each in a large table) have arrived
@@ -29,10 +35,10 @@ them new in a high-cardinality stream):
   (postings ending with its offset, the terms it created, column values): all or nothing.
 
 Not thread-safe, like the reference: one writer at a time, readers between ``add`` calls
-(``rtindex.shard.Shard`` holds a lock around both). Only ``write_blocks`` releases the GIL (for
-all but the BitMap work and making its output); ``add`` raises RuntimeError meanwhile, so
-nothing moves the table under it. Other reads keep the GIL: copying a posting list is a
-memcpy of at most a few MB.
+(``rtindex.shard.Shard`` holds a lock around both). ``write_blocks`` releases the GIL (for
+all but the BitMap work and making its output), ``column``/``columns`` while copying many
+bytes; ``add`` raises RuntimeError meanwhile, so nothing moves the table or a buffer under
+them. Other reads keep the GIL: copying a posting list is a memcpy of at most a few MB.
 """
 
 cimport cython
@@ -44,8 +50,8 @@ from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_AsUTF8String, PyUnicode_FromObject
-from libc.math cimport isfinite, signbit
-from libc.stdint cimport uint16_t, uint32_t, uint64_t
+from libc.math cimport isfinite
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memchr, memcmp, memcpy, memset
 
@@ -71,8 +77,10 @@ import os
 
 from operator import index as _index
 
+import pyarrow as pa
 from orjson import dumps as _dumps
 
+from rtindex.columns import ARROW_TYPES
 from rtindex.errors import SchemaError
 from rtindex.keys import json_path
 
@@ -86,6 +94,10 @@ cdef extern from "Python.h":
     void Py_LeaveRecursiveCall()
     const Py_ssize_t PY_SSIZE_T_MAX
     void PyObject_GC_UnTrack(object o)
+    ctypedef struct PyASCIIObject:
+        pass
+    ctypedef struct PyCompactUnicodeObject:
+        pass
     # Renamed so that Cython does not add its own error check: callers test the result.
     int _list_append "PyList_Append"(object lst, object item)
 
@@ -96,6 +108,13 @@ cdef extern from *:
     #define RT_MIX2 0x94D049BB133111EBULL
     #define RT_SIGN 0x8000000000000000ULL
     #define rt_prefetch(p) __builtin_prefetch(p)
+    /* Capacity of a buffer grown by doubling from `least` (a power of two) once `used` is in
+       use, 0 when empty: what nbytes counts, a function of what is in use. */
+    static inline size_t rt_room(size_t used, size_t least) {
+        if (used == 0) return 0;
+        if (used <= least) return least;
+        return (size_t)1 << (64 - __builtin_clzll((unsigned long long)(used - 1)));
+    }
     /* The character data of an exact str: plain field reads, no reference counting. */
     static inline const void* rt_str_data(PyObject* s, int* kind, Py_ssize_t* n, int* ascii) {
         *kind = PyUnicode_KIND(s);
@@ -105,6 +124,7 @@ cdef extern from *:
     }
     """
     void rt_prefetch(const void* p) noexcept nogil
+    size_t rt_room(size_t used, size_t least) noexcept nogil
     const void* rt_str_data(PyObject* s, int* kind, Py_ssize_t* n, int* ascii) noexcept nogil
     const uint64_t RT_GOLDEN
     const uint64_t RT_MIX1
@@ -127,11 +147,20 @@ cdef enum:
     RECURSION_CHECK_FROM = 100
     # Initial term-table slots (a power of two); the table doubles at 5/8 load.
     TABLE_MIN = 1024
+    # Smallest allocation of a column buffer (Buf), in bytes, and of a U32Vec, in entries.
+    BUF_MIN = 64
+    VEC_MIN = 16
+    # columns()/column() copy without the GIL from this many bytes on.
+    NOGIL_COPY = 1 << 18
+    # nbytes: what a path node (_Node, its children dict, its entry in its parent's, the key
+    # str it keeps) and a column (_Column, its entries in _cols and _colobjs) take besides
+    # their encoded bytes (tracemalloc over 5,000 new paths: ~500 bytes a leaf path).
+    NODE_BYTES = 256
+    COLUMN_BYTES = 192
 
 cdef offset_t MAX_ROWS = 0xFFFFFFFF  # offsets and term ids are uint32
 cdef uint64_t NO_LIMIT = 0x100000000  # above every offset
 cdef array _U32 = array("I")  # template for clone(); typecode "I" is 4 bytes here
-cdef object _ZERO = 0.0  # the column value of -0.0, like the reference's `v + 0.0`
 # Secret per process, so that crafted ints cannot be made to collide in the term table.
 cdef uint64_t _SEED = int.from_bytes(os.urandom(8), "little")
 
@@ -153,6 +182,74 @@ cdef inline int u32_reserve(U32Vec* v, size_t extra) except -1:
     v.data = <uint32_t*>safe_realloc(v.data, cap, sizeof(uint32_t))
     v.cap = cap
     return 0
+
+
+cdef inline int buf_reserve(Buf* b, size_t extra) except -1:
+    """Room for ``extra`` more bytes in ``b`` (its capacity stays ``rt_room(most used, BUF_MIN)``)."""
+    cdef size_t cap
+    if b.n + extra <= b.cap:
+        return 0
+    cap = rt_room(b.n + extra, BUF_MIN)
+    b.data = <unsigned char*>safe_realloc(b.data, cap, 1)
+    b.cap = cap
+    return 0
+
+
+cdef inline size_t col_bytes(_Column col) noexcept:
+    """What ``col``'s column store holds (capacities as a function of the sizes in use)."""
+    return (rt_room(col.offs.n, VEC_MIN) * sizeof(offset_t) + rt_room(col.vals.n, BUF_MIN)
+            + rt_room(col.ends.n, BUF_MIN))
+
+
+cdef inline void col_cut(_Column col) noexcept:
+    """Drop the values of ``col`` past its ``offs.n`` rows (a failed add's)."""
+    cdef size_t k = col.offs.n
+    cdef int64_t end = 0
+    cdef int tag = col.tag
+    if tag == STRING_TAG or tag == ARRAY_TAG:
+        col.ends.n = k * sizeof(int64_t)
+        if k:
+            memcpy(&end, col.ends.data + (k - 1) * sizeof(int64_t), sizeof(int64_t))
+        col.vals.n = <size_t>end
+    elif tag == BOOL_TAG:
+        col.vals.n = (k + 7) >> 3
+    elif tag != NULL_TAG:
+        col.vals.n = k * 8
+
+
+cdef inline size_t str_bytes(PyObject* sv) noexcept:
+    """What the str object ``sv`` takes (pymalloc rounds to 16 bytes)."""
+    cdef int kind, ascii
+    cdef Py_ssize_t n
+    cdef size_t size
+    rt_str_data(sv, &kind, &n, &ascii)
+    if ascii:
+        size = sizeof(PyASCIIObject) + <size_t>n + 1
+    else:
+        size = sizeof(PyCompactUnicodeObject) + <size_t>(n + 1) * <size_t>kind
+    return (size + 15) & ~(<size_t>15)
+
+
+cdef void run_copies(const Copy* jobs, size_t n) noexcept nogil:
+    cdef size_t i
+    for i in range(n):
+        if jobs[i].src != NULL:
+            memcpy(jobs[i].dst, jobs[i].src, jobs[i].n)
+        else:
+            memset(jobs[i].dst, 0xFF, jobs[i].n)
+        if jobs[i].last:
+            jobs[i].dst[jobs[i].n - 1] &= jobs[i].last
+
+
+cdef inline unsigned char* buffer_address(object buf):
+    return <unsigned char*><uintptr_t>buf.address
+
+
+def _empty_values(column_key):
+    """The values of a column key the builder holds none of: an empty array of the type its
+    last byte names (null type when it names none, e.g. an OBJECT key or no key at all)."""
+    tag = column_key[len(column_key) - 1] if isinstance(column_key, bytes) and column_key else None
+    return pa.array([], type=ARROW_TYPES.get(tag, pa.null()))
 
 
 cdef inline offset_t* plist_data(PList* p) noexcept nogil:
@@ -323,15 +420,6 @@ cdef object utf8(str s, const char** out, Py_ssize_t* n):
     return b
 
 
-cdef array vec_array(const U32Vec* v):
-    """A new ``array('I')`` holding a copy of ``v``'s entries."""
-    cdef size_t n = v.n
-    cdef array out = clone(_U32, n, False)
-    if n:
-        memcpy(out.data.as_uints, v.data, n * sizeof(uint32_t))
-    return out
-
-
 cdef str where_str(const Where* where):
     """The JSON path of ``where`` (only computed when raising)."""
     parts = []
@@ -359,6 +447,61 @@ cdef inline int nesting_error(SegmentBuilder b, const Where* where) except -1:
 # Nothing here touches a Python object but for reading the characters of strs the builder
 # owns (immutable, kept alive by _vals; add() refuses while write_blocks runs): so
 # _sort_terms() and encode_blocks() need no GIL, and the comparisons read only C memory.
+
+
+cdef inline unsigned char* put_code_point(unsigned char* q, uint32_t c) noexcept nogil:
+    """Write the UTF-8 of ``c`` (not a surrogate) at ``q``; returns the byte after it."""
+    if c < 0x80:
+        q[0] = <unsigned char>c
+        return q + 1
+    if c < 0x800:
+        q[0] = 0xC0 | (c >> 6)
+        q[1] = 0x80 | (c & 0x3F)
+        return q + 2
+    if c < 0x10000:
+        q[0] = 0xE0 | (c >> 12)
+        q[1] = 0x80 | ((c >> 6) & 0x3F)
+        q[2] = 0x80 | (c & 0x3F)
+        return q + 3
+    q[0] = 0xF0 | (c >> 18)
+    q[1] = 0x80 | ((c >> 12) & 0x3F)
+    q[2] = 0x80 | ((c >> 6) & 0x3F)
+    q[3] = 0x80 | (c & 0x3F)
+    return q + 4
+
+
+cdef inline uint32_t char_at(const void* data, int kind, Py_ssize_t i) noexcept nogil:
+    if kind == 1:
+        return (<const unsigned char*>data)[i]
+    if kind == 2:
+        return (<const uint16_t*>data)[i]
+    return (<const uint32_t*>data)[i]
+
+
+cdef inline size_t utf8_bound(PyObject* sv) noexcept nogil:
+    """Bytes the UTF-8 of ``sv`` may take: 1 per char of an ASCII str, else 2, 3 or 4 per char
+    of a 1-, 2- or 4-byte str."""
+    cdef int kind, ascii
+    cdef Py_ssize_t n
+    rt_str_data(sv, &kind, &n, &ascii)
+    return <size_t>n * (1 if ascii else <size_t>kind + 1 if kind < 4 else 4)
+
+
+cdef size_t put_utf8(PyObject* sv, unsigned char* out) noexcept nogil:
+    """Write the UTF-8 of ``sv`` (no lone surrogate: ``add`` rejects them) to ``out`` (room:
+    ``utf8_bound``); returns its length. Unlike ``PyUnicode_AsUTF8AndSize``, caches no UTF-8
+    copy on the str (which would double a non-ASCII term's memory); an ASCII str's characters
+    are their UTF-8 already."""
+    cdef int kind, ascii
+    cdef Py_ssize_t n, i
+    cdef const void* data = rt_str_data(sv, &kind, &n, &ascii)
+    cdef unsigned char* q = out
+    if ascii:
+        memcpy(out, data, <size_t>n)
+        return <size_t>n
+    for i in range(n):
+        q = put_code_point(q, char_at(data, kind, i))
+    return <size_t>(q - out)
 
 
 cdef size_t encode_str(PyObject* sv, unsigned char* out) noexcept nogil:
@@ -390,33 +533,11 @@ cdef size_t encode_str(PyObject* sv, unsigned char* out) noexcept nogil:
             i = z - d1 + 1
     else:
         for i in range(n):
-            if kind == 1:
-                c = d1[i]
-            elif kind == 2:
-                c = (<const uint16_t*>data)[i]
-            else:
-                c = (<const uint32_t*>data)[i]
-            if c < 0x80:
-                q[0] = <unsigned char>c
+            c = char_at(data, kind, i)
+            q = put_code_point(q, c)
+            if c == 0:
+                q[0] = 0xFF
                 q += 1
-                if c == 0:
-                    q[0] = 0xFF
-                    q += 1
-            elif c < 0x800:
-                q[0] = 0xC0 | (c >> 6)
-                q[1] = 0x80 | (c & 0x3F)
-                q += 2
-            elif c < 0x10000:
-                q[0] = 0xE0 | (c >> 12)
-                q[1] = 0x80 | ((c >> 6) & 0x3F)
-                q[2] = 0x80 | (c & 0x3F)
-                q += 3
-            else:
-                q[0] = 0xF0 | (c >> 18)
-                q[1] = 0x80 | ((c >> 12) & 0x3F)
-                q[2] = 0x80 | ((c >> 6) & 0x3F)
-                q[3] = 0x80 | (c & 0x3F)
-                q += 4
     q[0] = 0
     q[1] = 0
     return <size_t>(q + 2 - out)
@@ -690,16 +811,11 @@ cdef int encode_blocks(TermSort* s, WState* w, BlockOut* out) noexcept nogil:
 cdef class _Column:
     """One (path, type tag): its terms and its column store."""
 
-    def __cinit__(self):
-        self.values = []
-
     def __dealloc__(self):
-        if self.tids.data != NULL:
-            free(self.tids.data)
-            self.tids.data = NULL
-        if self.offs.data != NULL:
-            free(self.offs.data)
-            self.offs.data = NULL
+        free(self.tids.data)
+        free(self.offs.data)
+        free(self.vals.data)
+        free(self.ends.data)
 
 
 @cython.final
@@ -785,8 +901,20 @@ cdef class SegmentBuilder:
 
     @property
     def nbytes(self):
-        """Approximate memory held (term bytes + 4 per posting entry + column values)."""
-        return self._nbytes
+        """Memory held: the term table, the per-term arrays, the str of each STRING term,
+        posting lists past their inline room, the column buffers, the path nodes.
+
+        Buffers count at the capacity they have grown to by doubling for what is in use (a
+        failed ``add`` leaves nbytes as it was, even if it grew a buffer). What the table and
+        the per-term arrays take follows from the number of terms; the rest is summed as it
+        grows (``_nbytes``).
+        """
+        cdef size_t n = <size_t>self._n_terms, slots = TABLE_MIN
+        while n * 8 > slots * 5:  # the table doubles past 5/8 load
+            slots *= 2
+        return (self._nbytes + slots * sizeof(TEntry)
+                + rt_room(n, 1024) * (sizeof(uint64_t) + sizeof(uint32_t))  # _tid_key, _tid_cid
+                + (n + (n >> 3) + 6) * sizeof(PyObject*))  # _vals (as a list over-allocates)
 
     # ------------------------------------------------------------ add
 
@@ -798,8 +926,8 @@ cdef class SegmentBuilder:
         if self._busy:
             raise RuntimeError("SegmentBuilder.add() re-entered: a builder has one writer")
         if self._pins:
-            raise RuntimeError("SegmentBuilder.add() while write_blocks() reads the builder: "
-                               "add rows to a builder before sealing it, not during")
+            raise RuntimeError("SegmentBuilder.add() while write_blocks(), column() or columns() "
+                               "reads the builder: add rows to a builder before sealing it, not during")
         if self._n >= MAX_ROWS:
             raise OverflowError("a segment holds at most 2**32 - 1 rows: seal it first")
         self._busy = True
@@ -851,7 +979,7 @@ cdef class SegmentBuilder:
             self._n_doc_cols -= 1
             col = <_Column>self._doc_cols[self._n_doc_cols]
             col.offs.n -= 1
-            col.values.pop()
+            col_cut(col)
         self._nbytes = nbytes_before
         return 0
 
@@ -915,7 +1043,7 @@ cdef class SegmentBuilder:
         t[i].cid1 = 0
         self._count -= 1
 
-    cdef TEntry* _insert(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except NULL:
+    cdef TEntry* _insert(self, _Column col, uint64_t key, object sv) except NULL:
         """Create the term (``col``, ``key``); ``sv``: the str of a STRING term, else None."""
         cdef Py_ssize_t tid = self._n_terms, cap
         cdef uint32_t cid1 = col.cid + 1
@@ -954,10 +1082,11 @@ cdef class SegmentBuilder:
         col.tids.n += 1
         self._count += 1
         self._n_terms = tid + 1
-        self._nbytes += PyBytes_GET_SIZE(col.key) + vlen + 64
+        if sv is not None:
+            self._nbytes += str_bytes(<PyObject*>sv)  # kept alive by _vals
         return e
 
-    cdef int _queue(self, _Column col, uint64_t key, object sv, Py_ssize_t vlen) except -1:
+    cdef int _queue(self, _Column col, uint64_t key, object sv) except -1:
         """Queue the term (``col``, ``key``) of the current row; prefetch its table slot.
 
         Terms are resolved by ``_commit`` once the walk succeeded: by then the slots (one
@@ -972,7 +1101,6 @@ cdef class SegmentBuilder:
         p = &self._pend[self._n_pend]
         p.key = key
         p.cid = col.cid
-        p.vlen = vlen
         if sv is None:
             p.sv = NULL
         else:
@@ -1007,7 +1135,7 @@ cdef class SegmentBuilder:
             sv = None if p.sv == NULL else <str>p.sv
             e = self._find(p.cid, p.key, sv)
             if e == NULL:
-                e = self._insert(<_Column>PyList_GET_ITEM(self._cols, p.cid), p.key, sv, p.vlen)
+                e = self._insert(<_Column>PyList_GET_ITEM(self._cols, p.cid), p.key, sv)
             self._post(e)
         return 0
 
@@ -1020,33 +1148,67 @@ cdef class SegmentBuilder:
 
     cdef int _post(self, TEntry* e) except -1:
         """Add the current row to ``e``'s postings (once per row)."""
-        if e.pl.n and e.pl.last == self._off:
+        cdef uint32_t n = e.pl.n
+        if n and e.pl.last == self._off:
             return 0
         u32_reserve(&self._doc_terms, 1)
         plist_push(&e.pl, self._off)
         self._doc_terms.data[self._doc_terms.n] = e.tid
         self._doc_terms.n += 1
-        self._nbytes += 4
+        # The heap block plist_push grows (a malloc header besides), undone by plist_pop.
+        if n == PLIST_INLINE:
+            self._nbytes += 8 * sizeof(offset_t) + 16
+        elif n >= 8 and (n & (n - 1)) == 0:
+            self._nbytes += n * sizeof(offset_t)
         return 0
 
-    cdef int _col_add(self, _Column col, object value) except -1:
-        """Append ``value`` to ``col``'s column store for the current row."""
-        cdef size_t cap
+    cdef int _col_add(self, _Column col, const void* v, size_t n, str s) except -1:
+        """Append the current row's value to ``col``'s column store: ``n`` bytes at ``v``
+        (INT, TIMESTAMP: an int64; FLOAT: a double; BOOL: one byte, 0 or 1; ARRAY: the JSON
+        text; NULL: none) or, for STRING, the UTF-8 of the exact str ``s``. All or nothing."""
+        cdef size_t cap, k = col.offs.n, before = col_bytes(col)
+        cdef int tag = col.tag
+        cdef int64_t end
+        cdef unsigned char* p
+        cdef unsigned char bit
         if self._n_doc_cols == self._cap_doc_cols:
             cap = self._cap_doc_cols * 2 if self._cap_doc_cols else 64
             self._doc_cols = <PyObject**>safe_realloc(self._doc_cols, cap, sizeof(PyObject*))
             self._cap_doc_cols = cap
         u32_reserve(&col.offs, 1)
-        if _list_append(col.values, value) < 0:
-            return -1
-        col.offs.data[col.offs.n] = self._off
-        col.offs.n += 1
+        if tag == STRING_TAG:
+            buf_reserve(&col.vals, utf8_bound(<PyObject*>s))
+        elif tag == BOOL_TAG:
+            buf_reserve(&col.vals, 1)
+        else:
+            buf_reserve(&col.vals, n)
+        if tag == STRING_TAG or tag == ARRAY_TAG:
+            buf_reserve(&col.ends, sizeof(int64_t))
+        # Nothing below can fail.
+        p = col.vals.data + col.vals.n
+        if tag == STRING_TAG or tag == ARRAY_TAG:
+            col.vals.n += put_utf8(<PyObject*>s, p) if tag == STRING_TAG else n
+            if tag == ARRAY_TAG:
+                memcpy(p, v, n)
+            end = <int64_t>col.vals.n
+            memcpy(col.ends.data + col.ends.n, &end, sizeof(int64_t))
+            col.ends.n += sizeof(int64_t)
+        elif tag == BOOL_TAG:
+            p = col.vals.data + (k >> 3)
+            bit = <unsigned char>(1 << (k & 7))
+            if (k & 7) == 0:
+                p[0] = 0
+                col.vals.n += 1
+            # (a failed add may have left this bit set)
+            p[0] = (p[0] & ~bit) | (bit if (<const unsigned char*>v)[0] else 0)
+        elif tag != NULL_TAG:
+            memcpy(p, v, n)
+            col.vals.n += n
+        col.offs.data[k] = self._off
+        col.offs.n = k + 1
         self._doc_cols[self._n_doc_cols] = <PyObject*>col
         self._n_doc_cols += 1
-        if isinstance(value, str):
-            self._nbytes += 16 + PyUnicode_GET_LENGTH(value)
-        else:
-            self._nbytes += 16 + 8
+        self._nbytes += col_bytes(col) - before
         return 0
 
     cdef bytes _term_bytes(self, Py_ssize_t tid):
@@ -1162,6 +1324,7 @@ cdef class SegmentBuilder:
         child.key = key
         parent.children[key] = child
         parent.last_child = child
+        self._nbytes += NODE_BYTES + PyBytes_GET_SIZE(child.enc)
         return child
 
     cdef _Node _child(self, _Node parent, object key):
@@ -1178,6 +1341,7 @@ cdef class SegmentBuilder:
         col.cid = <uint32_t>len(self._cols)
         self._cols.append(col)
         self._colobjs[col.key] = col
+        self._nbytes += COLUMN_BYTES + PyBytes_GET_SIZE(col.key)
         if tag == NULL_TAG:
             node.c_null = col
         elif tag == BOOL_TAG:
@@ -1271,7 +1435,7 @@ cdef class SegmentBuilder:
         """
         cdef type t = type(v)
         if t is str:
-            return self._leaf_str(<str>v, v, parent, key, node, where, in_array)
+            return self._leaf_str(<str>v, parent, key, node, where, in_array)
         if t is int:
             return self._leaf_int(v, parent, key, node, where, depth, in_array)
         if t is float:
@@ -1283,8 +1447,7 @@ cdef class SegmentBuilder:
         if t is not dict and t is not list and t is not tuple:
             # Subclasses, in the reference's isinstance order.
             if isinstance(v, str):
-                return self._leaf_str(PyUnicode_FromObject(v), v, parent, key, node, where,
-                                      in_array)
+                return self._leaf_str(PyUnicode_FromObject(v), parent, key, node, where, in_array)
             if isinstance(v, int):
                 return self._leaf_int(v, parent, key, node, where, depth, in_array)
             if isinstance(v, float):
@@ -1309,7 +1472,7 @@ cdef class SegmentBuilder:
             col = node.c_obj
             if col is None:
                 col = self._new_column(node, OBJECT_TAG)
-            self._queue(col, 0, None, 0)
+            self._queue(col, 0, None)
             return self._walk_object(v, node, where, depth + 1, in_array)
         return self._walk_array(v, parent, key, node, where, depth, in_array)
 
@@ -1326,7 +1489,7 @@ cdef class SegmentBuilder:
         col = node.c_arr
         if col is None:
             col = self._new_column(node, ARRAY_TAG)
-        self._queue(col, 0, None, 0)
+        self._queue(col, 0, None)
         w.up = where
         w.key = NULL
         if t is list:
@@ -1348,12 +1511,13 @@ cdef class SegmentBuilder:
                 self._walk_value(item, None, None, node, &w, depth + 1, True)
                 i += 1
         if not in_array:
-            self._col_add(col, (<bytes>_dumps(v)).decode())
+            text = <bytes>_dumps(v)
+            self._col_add(col, PyBytes_AS_STRING(text), <size_t>PyBytes_GET_SIZE(text), None)
         return 0
 
-    cdef int _leaf_str(self, str v, object colval, _Node parent, object key, _Node node,
+    cdef int _leaf_str(self, str v, _Node parent, object key, _Node node,
                        const Where* where, bint in_array) except -1:
-        """``v``: an exact str; ``colval``: what the column stores (the original object)."""
+        """``v``: an exact str (a subclass's value is converted by the caller)."""
         cdef _Column col
         if not PyUnicode_IS_ASCII(v) and has_surrogate(v):
             raise SchemaError("string is not valid UTF-8 (lone surrogate)", where_str(where))
@@ -1362,9 +1526,9 @@ cdef class SegmentBuilder:
         col = node.c_str
         if col is None:
             col = self._new_column(node, STRING_TAG)
-        self._queue(col, <uint64_t>PyObject_Hash(v), v, PyUnicode_GET_LENGTH(v) + 2)
+        self._queue(col, <uint64_t>PyObject_Hash(v), v)
         if not in_array:
-            self._col_add(col, colval)
+            self._col_add(col, NULL, 0, v)
         return 0
 
     cdef int _leaf_int(self, object v, _Node parent, object key, _Node node,
@@ -1387,9 +1551,9 @@ cdef class SegmentBuilder:
             col = node.c_int
             if col is None:
                 col = self._new_column(node, INT_TAG)
-        self._queue(col, (<uint64_t>x) ^ RT_SIGN, None, 8)
+        self._queue(col, (<uint64_t>x) ^ RT_SIGN, None)
         if not in_array:
-            self._col_add(col, v)
+            self._col_add(col, &x, 8, None)
         return 0
 
     cdef int _leaf_float(self, object v, _Node parent, object key, _Node node,
@@ -1401,10 +1565,6 @@ cdef class SegmentBuilder:
             raise SchemaError(f"non-finite number {v!r} (JSON has no NaN or Infinity)",
                               where_str(where))
         d = d + 0.0  # -0.0 -> 0.0
-        if type(v) is not float:
-            v = d  # a float subclass: the reference stores v + 0.0, a float
-        elif d == 0.0 and signbit(<double>v):
-            v = _ZERO
         if node is None:
             node = self._child(parent, key)
         col = node.c_float
@@ -1412,29 +1572,30 @@ cdef class SegmentBuilder:
             col = self._new_column(node, FLOAT_TAG)
         memcpy(&bits, &d, 8)
         bits = ~bits if bits & RT_SIGN else bits | RT_SIGN
-        self._queue(col, bits, None, 8)
+        self._queue(col, bits, None)
         if not in_array:
-            self._col_add(col, v)
+            self._col_add(col, &d, 8, None)
         return 0
 
     cdef int _leaf_fixed(self, object v, int tag, _Node parent, object key, _Node node,
                          bint in_array) except -1:
         """None (NULL) or a bool (BOOL)."""
         cdef _Column col
+        cdef unsigned char b = 1 if v is True else 0
         if node is None:
             node = self._child(parent, key)
         if tag == BOOL_TAG:
             col = node.c_bool
             if col is None:
                 col = self._new_column(node, BOOL_TAG)
-            self._queue(col, 1 if v is True else 0, None, 1)
+            self._queue(col, b, None)
         else:
             col = node.c_null
             if col is None:
                 col = self._new_column(node, NULL_TAG)
-            self._queue(col, 0, None, 0)
+            self._queue(col, 0, None)
         if not in_array:
-            self._col_add(col, v)
+            self._col_add(col, &b, 1, None)
         return 0
 
     def _test_fail_commit_at(self, n):
@@ -1694,28 +1855,28 @@ cdef class SegmentBuilder:
             _blockout_free(&out)
 
     def column(self, column_key, limit):
-        """(offsets, values) of one column's rows with offset < ``limit``: new array and list.
-
-        Unknown column keys give ``(array('I'), [])``. The values are the column's own
-        objects (copied list, same items).
+        """(offsets, values) of one column's rows with offset < ``limit``: a new array('I')
+        and a new Arrow array of ``columns.ARROW_TYPES[tag]`` (copied: the builder's buffers
+        keep growing). A column key the builder has no values of gives ``(array('I'), an
+        empty array)``, typed by the key's last byte when that is a value type tag.
         """
         cdef _Column col
         cdef Py_ssize_t cut
         cdef long long lim
         cdef int overflow = 0
-        cdef array offs
+        if self._busy:
+            raise RuntimeError("SegmentBuilder read while add() runs: a builder has one writer")
         col = self._colobjs.get(column_key)
         lim = PyLong_AsLongLongAndOverflow(_index(limit), &overflow)
-        if col is None or overflow < 0 or (overflow == 0 and lim <= 0):
-            return clone(_U32, 0, False), []
-        if overflow > 0 or <unsigned long long>lim > NO_LIMIT:
+        if col is None or col.tag == OBJECT_TAG:
+            return clone(_U32, 0, False), _empty_values(column_key)
+        if overflow < 0 or (overflow == 0 and lim <= 0):
+            cut = 0
+        elif overflow > 0 or <unsigned long long>lim > NO_LIMIT:
             cut = <Py_ssize_t>col.offs.n
         else:
             cut = lower_bound(col.offs.data, <Py_ssize_t>col.offs.n, <uint64_t>lim)
-        offs = clone(_U32, cut, False)
-        if cut:
-            memcpy(offs.data.as_uints, col.offs.data, <size_t>cut * sizeof(offset_t))
-        return offs, col.values[:cut]
+        return self._copy_columns([col], [cut])[0]
 
     def column_size(self, column_key, limit):
         """How many rows with offset < ``limit`` have a value in this column (no copy)."""
@@ -1731,15 +1892,92 @@ cdef class SegmentBuilder:
         return lower_bound(col.offs.data, <Py_ssize_t>col.offs.n, <uint64_t>lim)
 
     def columns(self):
-        """(column key, offsets, values) for every column, sorted by column key.
-
-        ``values`` is the builder's own list, as in the reference: do not modify it.
+        """(column key, offsets, values) for every column with values, sorted by column key:
+        new arrays, the values an Arrow array of ``columns.ARROW_TYPES[tag]`` (what a seal
+        writes). The copies are made in one pass without the GIL (the sealer calls this
+        while ingest runs on another thread).
         """
         cdef _Column col
+        if self._busy:
+            raise RuntimeError("SegmentBuilder read while add() runs: a builder has one writer")
         colobjs = self._colobjs
-        out = []
+        cks = []
+        cols = []
+        cuts = []
         for ck in sorted(colobjs):
             col = <_Column>colobjs[ck]
             if col.offs.n:
-                out.append((ck, vec_array(&col.offs), col.values))
-        return out
+                cks.append(ck)
+                cols.append(col)
+                cuts.append(<Py_ssize_t>col.offs.n)
+        copies = self._copy_columns(cols, cuts)
+        return [(cks[i], *copies[i]) for i in range(len(cks))]
+
+    cdef list _copy_columns(self, list cols, list cuts):
+        """(offsets, values) of the first ``cuts[i]`` rows of each column ``cols[i]`` (none an
+        OBJECT column): a new array('I') and an Arrow array in new Arrow buffers.
+
+        The arrays are allocated first, then filled in one pass (without the GIL when the
+        bytes are many), then the Arrow ones wrapped. ``add`` refuses meanwhile (it could
+        move the buffers).
+        """
+        cdef Copy* jobs = NULL
+        cdef size_t nj = 0, total = 0, k, size, nb
+        cdef Py_ssize_t i
+        cdef _Column col
+        cdef int tag
+        cdef int64_t end
+        cdef unsigned char* q
+        cdef array offs
+        specs = []
+        self._pins += 1
+        try:
+            jobs = <Copy*>safe_realloc(NULL, 3 * len(cols), sizeof(Copy))
+            for i in range(len(cols)):
+                col = <_Column>cols[i]
+                k = <size_t>(<Py_ssize_t>cuts[i])
+                tag = col.tag
+                offs = clone(_U32, <Py_ssize_t>k, False)
+                jobs[nj] = Copy(<unsigned char*>offs.data.as_uints, <const unsigned char*>col.offs.data,
+                                k * sizeof(offset_t), 0)
+                nj += 1
+                total += k * sizeof(offset_t)
+                if tag == STRING_TAG or tag == ARRAY_TAG:
+                    end = 0
+                    if k:
+                        memcpy(&end, col.ends.data + (k - 1) * sizeof(int64_t), sizeof(int64_t))
+                    size = <size_t>end
+                    offsets = pa.allocate_buffer((k + 1) * sizeof(int64_t))
+                    data = pa.allocate_buffer(size)
+                    q = buffer_address(offsets)
+                    memset(q, 0, sizeof(int64_t))  # Arrow's offsets start with a 0
+                    jobs[nj] = Copy(q + sizeof(int64_t), col.ends.data, k * sizeof(int64_t), 0)
+                    jobs[nj + 1] = Copy(buffer_address(data), col.vals.data, size, 0)
+                    nj += 2
+                    total += k * sizeof(int64_t) + size
+                    bufs = [None, offsets, data]
+                elif tag == BOOL_TAG or tag == NULL_TAG:
+                    nb = (k + 7) >> 3
+                    bits = pa.allocate_buffer(nb)
+                    jobs[nj] = Copy(buffer_address(bits), NULL, nb, <unsigned char>((1 << (k & 7)) - 1))
+                    if tag == BOOL_TAG:
+                        jobs[nj].src = col.vals.data
+                    nj += 1
+                    total += nb
+                    bufs = [None, bits]
+                else:
+                    values = pa.allocate_buffer(k * 8)
+                    jobs[nj] = Copy(buffer_address(values), col.vals.data, k * 8, 0)
+                    nj += 1
+                    total += k * 8
+                    bufs = [None, values]
+                specs.append((offs, ARROW_TYPES[tag], k, bufs))
+            if total >= NOGIL_COPY:
+                with nogil:
+                    run_copies(jobs, nj)
+            else:
+                run_copies(jobs, nj)
+        finally:
+            self._pins -= 1
+            free(jobs)
+        return [(offs, pa.Array.from_buffers(t, k, bufs, null_count=0)) for offs, t, k, bufs in specs]

@@ -22,8 +22,9 @@ from array import array
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
-from rtindex import keys
+from rtindex import columns, keys
 from rtindex._py.blocks import BlockWriter
 from rtindex.errors import SchemaError
 
@@ -146,9 +147,11 @@ class SegmentBuilder:
         """All (term, offsets) pairs sorted by term: what a seal writes."""
         return [(t, self._postings[t]) for t in sorted(self._postings)]
 
-    def columns(self) -> list[tuple[bytes, array, list]]:
-        """(column key, offsets, values) for every column, sorted by column key."""
-        return [(ck, *self._columns[ck]) for ck in sorted(self._columns)]
+    def columns(self) -> list[tuple[bytes, array, pa.Array]]:
+        """(column key, offsets, values) for every column with values, sorted by column key;
+        the values as an Arrow array of ``columns.ARROW_TYPES[tag]`` (what a seal writes)."""
+        return [(ck, offs, columns.values_array(ck[-1], vals))
+                for ck, (offs, vals) in sorted(self._columns.items())]
 
     def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]:
         """The term blocks of a seal: ``BlockWriter(target_bytes)`` fed ``sorted_postings()``.
@@ -166,18 +169,23 @@ class SegmentBuilder:
             out.append(block)
         return out
 
-    def column(self, column_key: bytes, limit: int) -> tuple[array, list]:
-        """(offsets, values) of one column's rows with offset < ``limit``: new array and list.
+    def column(self, column_key: bytes, limit: int) -> tuple[array, pa.Array]:
+        """(offsets, values) of one column's rows with offset < ``limit``: a new array('I')
+        and a new Arrow array of ``columns.ARROW_TYPES[tag]``.
 
-        Unknown column keys give ``(array('I'), [])``.
+        A column key the builder has no values of gives ``(array('I'), an empty array)``,
+        typed by the key's last byte when that is a value type tag (else of type null).
         """
         col = self._columns.get(column_key)
         limit = operator.index(limit)
         if col is None:
-            return array("I"), []
+            tag = column_key[-1] if isinstance(column_key, bytes) and column_key else None
+            return array("I"), pa.array([], type=columns.ARROW_TYPES.get(tag, pa.null()))
         cut = bisect.bisect_left(col[0], limit)
-        return col[0][:cut], col[1][:cut]
+        return col[0][:cut], columns.values_array(column_key[-1], col[1][:cut])
 
     def column_size(self, column_key: bytes, limit: int) -> int:
         """How many rows with offset < ``limit`` have a value in this column (no copy)."""
-        return len(self.column(column_key, limit)[0])
+        col = self._columns.get(column_key)
+        limit = operator.index(limit)
+        return 0 if col is None else bisect.bisect_left(col[0], limit)
