@@ -27,6 +27,7 @@ from rtindex.documents import Limits
 from rtindex.fence import Fence
 from rtindex.follower import Follower
 from rtindex.result import Result
+from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache
 from rtindex.sql.engine import Plan, SqlEngine
 from rtindex.sql.parse import DEFAULT_WORKSPACE, collection_name
@@ -65,6 +66,7 @@ MAX_SHARDS = 1024
 BLOCK_CACHE_BYTES = 64 << 20
 WRITE_BUFFER_BYTES = 64 << 20
 ROW_CACHE_BYTES = 64 << 20
+COLUMN_CACHE_BYTES = 256 << 20
 SEAL_BYTES = 32 << 20
 MAX_RESULT_BYTES = 256 << 20
 # what a crash in the middle of creating a database can leave in its directory: such a
@@ -254,6 +256,7 @@ class Database:
                  block_cache_bytes: int = BLOCK_CACHE_BYTES, write_buffer_bytes: int = WRITE_BUFFER_BYTES,
                  max_document_bytes: int = 4 << 20, max_depth: int = 64, seal_rows: int = 25_000,
                  seal_bytes: int = SEAL_BYTES, merge_factor: int = 4, row_cache_bytes: int = ROW_CACHE_BYTES,
+                 column_cache_bytes: int = COLUMN_CACHE_BYTES,
                  reader_grace_seconds: float = 30.0, max_result_bytes: int | None = MAX_RESULT_BYTES):
         self.path = os.path.abspath(path)
         if role not in ("writer", "reader"):
@@ -267,8 +270,9 @@ class Database:
         if max_depth < 1 or max_document_bytes < 16 or seal_rows < 1 or merge_factor < 2:
             raise ValueError("max_depth, max_document_bytes, seal_rows and merge_factor must be positive "
                              "(merge_factor at least 2)")
-        if isinstance(row_cache_bytes, bool) or not isinstance(row_cache_bytes, int) or row_cache_bytes < 0:
-            raise ValueError(f"row_cache_bytes must be a non-negative int (0 turns the cache off), not {row_cache_bytes!r}")
+        for name, value in (("row_cache_bytes", row_cache_bytes), ("column_cache_bytes", column_cache_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int (0 turns the cache off), not {value!r}")
         if max_result_bytes is not None and (isinstance(max_result_bytes, bool) or not isinstance(max_result_bytes, int)
                                              or max_result_bytes < 1):
             raise ValueError(f"max_result_bytes must be a positive int, or None for no limit, not {max_result_bytes!r}")
@@ -278,8 +282,9 @@ class Database:
         self._config = ShardConfig(seal_rows=seal_rows, seal_bytes=seal_bytes, merge_factor=merge_factor,
                                    max_depth=max_depth, reader_grace_seconds=float(reader_grace_seconds))
         self._row_cache = RowStoreCache(row_cache_bytes)
-        self._runtime = Runtime(self._config, self._limits, self._row_cache, new_block_cache(block_cache_bytes),
-                                new_write_buffer_manager(write_buffer_bytes), sync)
+        self._column_cache = ChunkCache(column_cache_bytes)
+        self._runtime = Runtime(self._config, self._limits, self._row_cache, self._column_cache,
+                                new_block_cache(block_cache_bytes), new_write_buffer_manager(write_buffer_bytes), sync)
         self._collections: dict[str, Collection] = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -496,7 +501,7 @@ class Database:
         self._check()
         out = {"path": self.path, "role": self.role,
                "collections": {n: c.stats() for n, c in list(self._collections.items())},
-               "row_cache": self._row_cache.stats()}
+               "row_cache": self._row_cache.stats(), "column_cache": self._column_cache.stats()}
         if self._follower is not None:
             out["lag"] = self.lag()
             out["follow_error"] = self._follower.last_error
@@ -587,6 +592,7 @@ def open(path: str, *, role: str = "writer", create: bool = True, sync: bool = F
          block_cache_bytes: int = BLOCK_CACHE_BYTES, write_buffer_bytes: int = WRITE_BUFFER_BYTES,
          max_document_bytes: int = 4 << 20, max_depth: int = 64, seal_rows: int = 25_000,
          seal_bytes: int = SEAL_BYTES, merge_factor: int = 4, row_cache_bytes: int = ROW_CACHE_BYTES,
+         column_cache_bytes: int = COLUMN_CACHE_BYTES,
          reader_grace_seconds: float = 30.0, max_result_bytes: int | None = MAX_RESULT_BYTES) -> Database:
     """Open (by default creating) the database in directory ``path``.
 
@@ -604,6 +610,8 @@ def open(path: str, *, role: str = "writer", create: bool = True, sync: bool = F
 
     - ``row_cache_bytes`` (64 MiB): the RowStoreCache of decoded rows, shared by every
       collection; 0 turns it off.
+    - ``column_cache_bytes`` (256 MiB): decoded column chunks of sealed segments (they are
+      stored compressed), shared by every collection; 0 keeps none.
     - ``block_cache_bytes`` (64 MiB): RocksDB's block cache, shared by every shard.
     - ``write_buffer_bytes`` (64 MiB): RocksDB's memtables of all shards together.
     - ``seal_rows`` (25,000), ``seal_bytes`` (32 MiB): a shard's in-memory segment is sealed
@@ -621,5 +629,6 @@ def open(path: str, *, role: str = "writer", create: bool = True, sync: bool = F
     return Database(path, role=role, create=create, sync=sync, block_cache_bytes=block_cache_bytes,
                     write_buffer_bytes=write_buffer_bytes, max_document_bytes=max_document_bytes,
                     max_depth=max_depth, seal_rows=seal_rows, seal_bytes=seal_bytes, merge_factor=merge_factor,
-                    row_cache_bytes=row_cache_bytes, reader_grace_seconds=reader_grace_seconds,
+                    row_cache_bytes=row_cache_bytes, column_cache_bytes=column_cache_bytes,
+                    reader_grace_seconds=reader_grace_seconds,
                     max_result_bytes=max_result_bytes)

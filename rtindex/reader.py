@@ -35,6 +35,7 @@ from rtindex._impl import SegmentBuilder
 from rtindex.errors import CorruptionError, StorageError
 from rtindex.keys import from_u64
 from rtindex.notify import Watch
+from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache
 from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
 from rtindex.shard import SIGNAL_FILE, Shard
@@ -42,9 +43,9 @@ from rtindex.storage import Store
 
 
 class ShardReader(Shard):
-    def __init__(self, path: str, index: int, config: ShardConfig, row_cache: RowStoreCache, *,
-                 secondary_path: str, block_cache=None):
-        super().__init__(path, index, config, row_cache)
+    def __init__(self, path: str, index: int, config: ShardConfig, row_cache: RowStoreCache,
+                 column_cache: ChunkCache, *, secondary_path: str, block_cache=None):
+        super().__init__(path, index, config, row_cache, column_cache)
         os.makedirs(secondary_path, exist_ok=True)
         self.store = Store(path, secondary_path=secondary_path, block_cache=block_cache)
         self._watch = Watch(os.path.join(path, SIGNAL_FILE))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rtindex.background import Worker
+from rtindex.chunkcache import ChunkCache
 from rtindex.documents import Limits
 from rtindex.rowcache import RowStoreCache
 from rtindex.segments import ShardConfig
@@ -24,6 +25,7 @@ class Runtime:
     config: ShardConfig
     limits: Limits
     row_cache: RowStoreCache
+    column_cache: ChunkCache
     block_cache: Any
     write_buffers: Any
     sync: bool = False
@@ -38,7 +40,7 @@ class Runtime:
     def open_shard(self, path: str, index: int, *, create: bool) -> Shard:
         if self.reader:
             name = os.path.relpath(path, os.path.dirname(os.path.dirname(path))).replace(os.sep, "-")
-            return ShardReader(path, index, self.config, self.row_cache, block_cache=self.block_cache,
-                               secondary_path=os.path.join(self.secondary_root, name))
-        return ShardWriter(path, index, self.config, self.sealer, self.merger, self.row_cache, create=create,
-                           sync=self.sync, block_cache=self.block_cache, write_buffers=self.write_buffers)
+            return ShardReader(path, index, self.config, self.row_cache, self.column_cache,
+                               block_cache=self.block_cache, secondary_path=os.path.join(self.secondary_root, name))
+        return ShardWriter(path, index, self.config, self.sealer, self.merger, self.row_cache, self.column_cache,
+                           create=create, sync=self.sync, block_cache=self.block_cache, write_buffers=self.write_buffers)

@@ -33,6 +33,7 @@ from rtindex.errors import CorruptionError, SchemaError, StorageError
 from rtindex.keys import from_u64, u64
 from rtindex.maintenance import Maintenance
 from rtindex.notify import Signal
+from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache
 from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
 from rtindex.shard import SIGNAL_FILE, Shard
@@ -46,9 +47,9 @@ LOG_TRIM_EVERY = 256
 
 class ShardWriter(Shard):
     def __init__(self, path: str, index: int, config: ShardConfig, sealer: Worker, merger: Worker,
-                 row_cache: RowStoreCache, *, create: bool = False, sync: bool = False, block_cache=None,
+                 row_cache: RowStoreCache, column_cache: ChunkCache, *, create: bool = False, sync: bool = False, block_cache=None,
                  write_buffers=None):
-        super().__init__(path, index, config, row_cache)
+        super().__init__(path, index, config, row_cache, column_cache)
         self.store = Store(path, create=create, sync=sync, block_cache=block_cache, write_buffers=write_buffers)
         self._write_lock = threading.RLock()  # one writer at a time; publishes states
         self._closed = False
