@@ -4,6 +4,7 @@ brute force (dicts of sets). Corrupt input must raise CorruptionError, never cra
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import random
 import struct
@@ -34,7 +35,13 @@ MAXU = 2**32 - 1
 # ---- strategies -----------------------------------------------------------------------
 
 EDGE_TERMS = [b"", b"\x00", b"\xff", b"\x00\x00", b"\xff\xff", b"a\x00", b"a"]
-terms_st = st.binary(max_size=8) | st.sampled_from(EDGE_TERMS)
+# terms as a segment has them: a column key, often the start of a value, then the rest
+PREFIXES = [b"\x01path\x00\x05", b"\x01path\x00\x05user", b"\x01path\x00\x06", b"\x01"]
+terms_st = (
+    st.binary(max_size=8)
+    | st.sampled_from(EDGE_TERMS)
+    | st.tuples(st.sampled_from(PREFIXES), st.binary(max_size=4)).map(b"".join)
+)
 
 
 @st.composite
@@ -82,6 +89,30 @@ def build(M, entries, target=16384, as_bitmap=()):
     if r is not None:
         out.append(r)
     assert w.n_terms == len(entries)
+    return out
+
+
+def v1_blocks(entries, target=16384):
+    """Format 1 blocks of sorted ``(term, offsets)`` pairs, as writers made them before
+    format 2 (layout in rtindex/_py/blocks.py): segment files written then must still read."""
+    out, pending = [], []
+
+    def flush():
+        table_end = 12 + 4 * len(pending)
+        offs = [table_end]
+        for _, entry in pending:
+            offs.append(offs[-1] + len(entry))
+        table = struct.pack(f"<{len(pending) + 2}I", len(pending), *offs)
+        out.append((pending[0][0], b"RTB\x01" + table + b"".join(e for _, e in pending)))
+        pending.clear()
+
+    for t, vals in entries:
+        kind, post = P._encode(array("I", vals))
+        pending.append((t, struct.pack("<I", len(t) | kind << 30) + t + post))
+        if 12 + 4 * len(pending) + sum(len(e) for _, e in pending) >= target:
+            flush()
+    if pending:
+        flush()
     return out
 
 
@@ -309,21 +340,93 @@ def test_format_is_pinned():
     """One tiny block, byte by byte: the format is part of the on-disk layout."""
     for M in IMPLS:
         w = M.BlockWriter()
-        assert w.add(b"a", array("I", [5])) is None
-        assert w.add(b"b", array("I", [1, 2])) is None
+        assert w.add(b"key:a", array("I", [5])) is None
+        assert w.add(b"key:b", array("I", [1, 2])) is None
+        assert w.add(b"kz", array("I", range(100))) is None
         first, block = w.finish()
-        entry_a = struct.pack("<I", 1) + b"a" + struct.pack("<I", 5)
-        entry_b = struct.pack("<I", 1) + b"b" + struct.pack("<II", 1, 2)
-        table_end = 12 + 4 * 2
-        want = (
-            b"RTB\x01"
-            + struct.pack("<I", 2)
-            + struct.pack("<III", table_end, table_end + 9, table_end + 9 + 13)
-            + entry_a
-            + entry_b
-        )
-        assert (first, block) == (b"a", want)
+        entry_a = bytes([0, 5 << 1]) + b"key:a" + struct.pack("<I", 5)  # shared 0, 5 bytes, raw
+        entry_b = bytes([4, 1 << 1]) + b"b" + struct.pack("<II", 1, 2)  # "key:" + "b"
+        entry_z = bytes([1, 1 << 1 | 1]) + b"z" + struct.pack("<I", 100) + BitMap(range(100)).serialize()
+        table_end = 12 + 4 * 3
+        ends = list(itertools.accumulate([len(entry_a), len(entry_b), len(entry_z)], initial=table_end))
+        want = b"RTB\x02" + struct.pack("<5I", 3, *ends) + entry_a + entry_b + entry_z
+        assert (first, block) == (b"key:a", want)
         assert w.finish() is None
+        # a long shared prefix and a long suffix take two-byte varints
+        w.add(b"p" * 200, array("I", [1]))
+        w.add(b"p" * 130 + b"q" * 150, array("I", [2]))
+        block = w.finish()[1]
+        assert block[20:223] == bytes([0, 0x90, 0x03]) + b"p" * 200  # shared 0, tail 200 << 1 = 400
+        second = struct.unpack_from("<I", block, 12)[0]
+        assert block[second:second + 154] == bytes([0x82, 0x01, 0xAC, 0x02]) + b"q" * 150  # 130, 150 << 1
+
+
+V1_PINNED = (  # the pinned block of format 1 (what test_format_is_pinned checked before format 2)
+    b"RTB\x01"
+    + struct.pack("<I", 2)
+    + struct.pack("<III", 20, 29, 42)
+    + struct.pack("<I", 1) + b"a" + struct.pack("<I", 5)
+    + struct.pack("<I", 1) + b"b" + struct.pack("<II", 1, 2)
+)
+
+
+@impls
+def test_format_1_still_reads(M):
+    """Segment files written before format 2 hold format 1 blocks: every reader takes them."""
+    assert M.block_items(V1_PINNED) == [(b"a", BitMap([5])), (b"b", BitMap([1, 2]))]
+    assert M.block_get(V1_PINNED, b"b") == BitMap([1, 2]) and M.block_get(V1_PINNED, b"c") is None
+    assert M.block_cardinality(V1_PINNED, b"b") == 2
+    assert M.block_first_last(V1_PINNED) == (b"a", b"b")
+    assert M.TermIndex(V1_PINNED, [b"a"], [(0, len(V1_PINNED))]).get(b"a") == BitMap([5])
+    merged = list(M.merge_blocks([([V1_PINNED], 0, None)]))
+    assert merged == build(M, [(b"a", [5]), (b"b", [1, 2])])  # a merge writes format 2
+
+
+@impls
+@SETTINGS
+@given(entries=entries_st(), target=targets_st, probes=st.lists(terms_st, max_size=10), data=st.data())
+def test_format_1_reads_as_format_2(M, entries, target, probes, data):
+    """Every read of a format 1 block answers as the format 2 block of the same entries."""
+    old, new = v1_blocks(entries, target), build(M, entries, target)
+    assert [item for _, b in old for item in M.block_items(b)] == [(t, BitMap(v)) for t, v in entries]
+    for first, block in old:
+        assert M.block_first_last(block) == (first, M.block_items(block)[-1][0])
+    want = {t: BitMap(v) for t, v in entries}
+    data_old = b"".join(b for _, b in old)
+    positions = list(zip(itertools.accumulate([len(b) for _, b in old], initial=0), [len(b) for _, b in old]))
+    index = M.TermIndex(data_old, [f for f, _ in old], positions, term_filter(M, old))
+    assert term_filter(M, old) == term_filter(M, new)
+    for t in [t for t, _ in entries] + probes:
+        assert index.get(t) == want.get(t)
+        if old:
+            block = find_block(old, t)
+            assert M.block_get(block, t) == want.get(t)
+            assert M.block_cardinality(block, t) == len(want.get(t, ()))
+    for _, block in old:
+        lo, hi = data.draw(st.none() | terms_st), data.draw(st.none() | terms_st)
+        assert M.block_range(block, lo, hi) == [
+            (t, bm) for t, bm in M.block_items(block) if (lo is None or t >= lo) and (hi is None or t < hi)
+        ]
+    # merging old blocks (alone or beside new ones) gives what writing the result gives
+    assert list(M.merge_blocks([([b for _, b in old], 0, None)], target)) == build(M, entries, target)
+    mixed = list(M.merge_blocks([([b for _, b in old], 0, None), ([b for _, b in new], 0, BitMap())], target))
+    assert mixed == build(M, entries, target)
+
+
+@impls
+@SETTINGS
+@given(prefix=st.binary(min_size=4, max_size=40), suffixes=st.lists(st.binary(max_size=6), min_size=2,
+                                                                    max_size=50, unique=True))
+def test_shared_prefixes_are_stored_once(M, prefix, suffixes):
+    """Terms that share a prefix with the block's first term store only the rest: the
+    block is smaller than its format 1 twin by the shared bytes (and 2 bytes of head each)."""
+    entries = [(prefix + x, [i]) for i, x in enumerate(sorted(suffixes))]
+    (_, old), = v1_blocks(entries)
+    (_, new), = build(M, entries)
+    assert M.block_items(new) == M.block_items(old)
+    # a format 1 head is 4 bytes; these terms take two one-byte varints and their suffix
+    first = entries[0][0]
+    assert len(new) == len(old) - 2 - sum(2 + P._shared_len(first, t) for t, _ in entries[1:])
 
 
 @impls
@@ -334,7 +437,8 @@ def test_encoding_choice(M):
         w = M.BlockWriter()
         w.add(b"t", array("I", vals))
         block = w.finish()[1]
-        return struct.unpack_from("<I", block, 16)[0] >> 30
+        assert block[16:19] == bytes([0, 1 << 1 | (block[17] & 1)]) + b"t"  # shared 0, tail, term
+        return block[17] & 1
 
     assert kind_of(list(range(63))) == 0
     assert kind_of(list(range(64))) == 1
@@ -581,13 +685,13 @@ def test_random_bytes(block, term):
 
 @st.composite
 def header_like(draw):
-    """Random bytes behind a plausible header, to get past the first checks."""
+    """Random bytes behind a plausible header (either format), to get past the first checks."""
     n = draw(st.integers(1, 6))
     body = draw(st.binary(max_size=120))
     size = 12 + 4 * n + len(body)
     offs = draw(st.lists(st.integers(0, size + 8), min_size=n - 1, max_size=n - 1))
     table = [12 + 4 * n] + offs + [size]
-    return b"RTB\x01" + struct.pack(f"<{n + 2}I", n, *table) + body
+    return draw(st.sampled_from([b"RTB\x01", b"RTB\x02"])) + struct.pack(f"<{n + 2}I", n, *table) + body
 
 
 @SETTINGS
@@ -597,20 +701,23 @@ def test_random_entries(block, term):
 
 
 def sample_blocks():
+    """Format 2 blocks (random terms, then terms sharing a long prefix), then format 1 ones."""
     rnd = random.Random(11)
-    entries = sorted(
-        {bytes(rnd.randrange(256) for _ in range(rnd.randrange(6))): None for _ in range(40)}
-    )
     vals = [[1], [3, 9], list(range(100, 400)), list(range(0, 2**24, 2**16 + 1))[:80], [MAXU]]
-    blocks = build(P, [(t, vals[i % len(vals)]) for i, t in enumerate(entries)], 200)
-    return [b for _, b in blocks]
+
+    def pairs(prefix, n):
+        terms = sorted({prefix + bytes(rnd.randrange(256) for _ in range(rnd.randrange(6))) for _ in range(n)})
+        return [(t, vals[i % len(vals)]) for i, t in enumerate(terms)]
+
+    plain, keyed = pairs(b"", 40), pairs(PREFIXES[1], 30)
+    return [b for _, b in build(P, plain, 200) + build(P, keyed, 200) + v1_blocks(plain, 200)]
 
 
 SAMPLES = sample_blocks()
 
 
 def test_truncations_are_corrupt():
-    for block in SAMPLES[:3]:
+    for block in SAMPLES[:3] + SAMPLES[-2:]:
         for cut in range(len(block)):
             results = check_same(block[:cut], b"x", b"a", b"z")
             assert all(r == ("corrupt",) for r in results)

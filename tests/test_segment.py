@@ -661,8 +661,8 @@ def block_n(block):
 
 
 def struct_kind(block, i):
-    start = int.from_bytes(block[8 + 4 * i : 12 + 4 * i], "little")
-    return int.from_bytes(block[start : start + 4], "little") >> 30
+    """Entry ``i``'s posting kind (0 raw, 1 roaring), read with the reference decoder."""
+    return PyBlocks._Block(block).entry(i)[3]
 
 
 @needs_ext

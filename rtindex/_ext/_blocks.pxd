@@ -48,7 +48,8 @@ cdef enum:
     RAW = 0                     # entry kind: raw little-endian offsets
     ROARING = 1                 # entry kind: cardinality + BitMap.serialize()
     RAW_MAX = 64                # a set of fewer offsets is always stored raw
-    MAX_TERM = 0x3FFFFFFF       # longest term (30 bits of the entry head)
+    MAX_TERM = 0x3FFFFFFF       # longest term
+    MAX_HEAD = 10               # longest entry head: two varints of at most 5 bytes
 
 
 cdef struct BlockView:
@@ -56,11 +57,15 @@ cdef struct BlockView:
     Py_ssize_t size             # block length in bytes
     uint32_t n                  # entry count, >= 1
     Py_ssize_t table_end        # first byte after the offsets table (12 + 4n)
+    bint v2                     # format 2 (front-coded terms); else format 1
+    const unsigned char* first  # format 2: the first term, which entries share a prefix of
+    Py_ssize_t first_len        # its length (0 in format 1: no entry shares anything)
 
 
 cdef struct Entry:
-    Py_ssize_t ts               # term start (byte index into the block)
-    Py_ssize_t tlen             # term length
+    Py_ssize_t pre              # the term starts with the block's first term[:pre] (format 1: 0)
+    Py_ssize_t ts               # start of the rest of the term (byte index into the block)
+    Py_ssize_t tlen             # length of the rest: the term is pre + tlen bytes
     int kind                    # RAW (0) or ROARING (1)
     Py_ssize_t ps               # posting start
     Py_ssize_t plen             # posting length in bytes (raw: 4 per offset; roaring: 4 + serialized)
@@ -78,6 +83,8 @@ cdef struct WState:
     Py_ssize_t last_len         # its length; -1 before the first block is emitted
     Py_ssize_t last_cap         # bytes allocated for last
     Py_ssize_t n_terms          # terms written so far
+    Py_ssize_t first_ts         # the pending block's first term starts at data[first_ts]
+    Py_ssize_t first_len        # its length
 
 
 cdef struct CState:
@@ -139,8 +146,9 @@ cdef inline Py_ssize_t _w_size(const WState* w) noexcept nogil:
 
 
 cdef inline Py_ssize_t _w_entry_size(Py_ssize_t tlen, Py_ssize_t k, Py_ssize_t ser_len) noexcept nogil:
-    """Bytes of one entry: raw (``ser_len < 0``) or roaring (``ser_len`` serialized bytes)."""
-    return 4 + tlen + (4 * k if ser_len < 0 else 4 + ser_len)
+    """At most the bytes of one entry (what to reserve; the shared prefix makes it smaller):
+    raw (``ser_len < 0``) or roaring (``ser_len`` serialized bytes)."""
+    return MAX_HEAD + tlen + (4 * k if ser_len < 0 else 4 + ser_len)
 
 
 cdef class BlockWriter:

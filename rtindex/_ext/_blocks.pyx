@@ -1,8 +1,10 @@
 """Term-dictionary blocks of sealed segments (compiled); ``rtindex/_py/blocks.py`` is the oracle.
 
-The block format, the encoding rule (raw uint32 or roaring, decided by the set alone) and
-the lookup guarantees are documented once, in the reference module's docstring; this module
-produces the same bytes and raises the same errors (tests/test_blocks.py compares them).
+The block format (format 2: terms front-coded against the block's first term; format 1
+blocks of older segment files are still read), the encoding rule (raw uint32 or roaring,
+decided by the set alone) and the lookup guarantees are documented once, in the reference
+module's docstring; this module produces the same bytes and raises the same errors
+(tests/test_blocks.py compares them).
 
 The merge runs its common case (terms whose postings are all raw and small) in a C loop
 without the GIL; it falls back to one Python-level step per term for roaring postings, at
@@ -44,7 +46,8 @@ __all__ = [
     "merge_blocks",
 ]
 
-cdef uint32_t MAGIC = 0x01425452    # b"RTB\x01" read as a little-endian uint32
+cdef uint32_t MAGIC = 0x02425452    # b"RTB\x02" read as a little-endian uint32: what writers write
+cdef uint32_t MAGIC_V1 = 0x01425452 # b"RTB\x01": format 1, still read
 cdef uint64_t MAXU32 = 0xFFFFFFFF
 cdef Py_ssize_t NOGIL_MIN = 4096    # release the GIL for runs of at least this many offsets
 cdef uint64_t _bitset_limit = 1 << 27   # deleted sets with max below this become a bitset
@@ -81,6 +84,117 @@ cdef inline int _cmp(const unsigned char* a, Py_ssize_t al,
     if r != 0:
         return r
     return (al > bl) - (al < bl)
+
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    /* Length of the common prefix of a[:n] and b[:n], 8 bytes at a time. */
+    static inline Py_ssize_t rtb_lcp(const unsigned char *a, const unsigned char *b, Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        uint64_t x, y;
+        while (i + 8 <= n) {
+            memcpy(&x, a + i, 8);
+            memcpy(&y, b + i, 8);
+            if (x != y) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                return i + (__builtin_ctzll(x ^ y) >> 3);
+    #else
+                break;
+    #endif
+            }
+            i += 8;
+        }
+        while (i < n && a[i] == b[i])
+            i++;
+        return i;
+    }
+    """
+    Py_ssize_t rtb_lcp(const unsigned char* a, const unsigned char* b, Py_ssize_t n) noexcept nogil
+
+
+cdef int _cmp22(const unsigned char* a1, Py_ssize_t al1, const unsigned char* a2, Py_ssize_t al2,
+                const unsigned char* b1, Py_ssize_t bl1, const unsigned char* b2, Py_ssize_t bl2) noexcept nogil:
+    """Bytewise three-way comparison of ``a1 + a2`` with ``b1 + b2`` (terms in two parts:
+    a format 2 entry's term is a prefix of the block's first term and the entry's suffix)."""
+    cdef Py_ssize_t m
+    cdef int r
+    while True:
+        if al1 == 0:
+            a1 = a2
+            al1 = al2
+            al2 = 0
+        if bl1 == 0:
+            b1 = b2
+            bl1 = bl2
+            bl2 = 0
+        if al1 == 0 or bl1 == 0:
+            return (al1 > 0) - (bl1 > 0)
+        m = al1 if al1 < bl1 else bl1
+        r = memcmp(a1, b1, <size_t>m)
+        if r != 0:
+            return r
+        a1 += m
+        al1 -= m
+        b1 += m
+        bl1 -= m
+
+
+cdef inline int _cmp_ek(const BlockView* v, const Entry* e, const unsigned char* k,
+                        Py_ssize_t kl) noexcept nogil:
+    """Compare the term of entry ``e`` of ``v`` with ``k``."""
+    return _cmp22(v.first, e.pre, v.p + e.ts, e.tlen, k, kl, NULL, 0)
+
+
+cdef inline int _cmp_ee(const BlockView* va, const Entry* ea, const BlockView* vb,
+                        const Entry* eb) noexcept nogil:
+    """Compare the terms of two entries (of two blocks)."""
+    return _cmp22(va.first, ea.pre, va.p + ea.ts, ea.tlen, vb.first, eb.pre, vb.p + eb.ts, eb.tlen)
+
+
+cdef inline void _copy_term(unsigned char* q, const BlockView* v, const Entry* e) noexcept nogil:
+    """Write the ``e.pre + e.tlen`` bytes of entry ``e``'s term to ``q``."""
+    if e.pre > 0:
+        memcpy(q, v.first, <size_t>e.pre)
+    if e.tlen > 0:
+        memcpy(q + e.pre, v.p + e.ts, <size_t>e.tlen)
+
+
+cdef bytes _term_bytes(const BlockView* v, const Entry* e):
+    cdef bytes t = PyBytes_FromStringAndSize(NULL, e.pre + e.tlen)
+    _copy_term(<unsigned char*>PyBytes_AS_STRING(t), v, e)
+    return t
+
+
+cdef inline int64_t _get_varint(const unsigned char* p, int64_t pos, int64_t end, uint64_t* v) noexcept nogil:
+    """Decode the varint at ``p[pos:end]`` into ``v``: the position after it, or -1 when it
+    runs past ``end`` or is longer than 5 bytes."""
+    cdef uint64_t x = 0
+    cdef int i
+    cdef unsigned char c
+    if pos < end and p[pos] < 0x80:  # the common case: one byte
+        v[0] = p[pos]
+        return pos + 1
+    for i in range(5):
+        if pos + i >= end:
+            return -1
+        c = p[pos + i]
+        x |= <uint64_t>(c & 0x7F) << (7 * i)
+        if c < 0x80:
+            v[0] = x
+            return pos + i + 1
+    return -1
+
+
+cdef inline unsigned char* _put_varint(unsigned char* q, uint64_t v) noexcept nogil:
+    """Write ``v`` as a varint at ``q``; returns the byte after it."""
+    while v >= 0x80:
+        q[0] = <unsigned char>((v & 0x7F) | 0x80)
+        q += 1
+        v >>= 7
+    q[0] = <unsigned char>v
+    return q + 1
 
 
 cdef inline bint _increasing(const uint32_t* v, Py_ssize_t k) noexcept nogil:
@@ -191,11 +305,13 @@ cdef int _open(_Pinned b, BlockView* v) except -1:
 
 cdef int _open_at(const unsigned char* p, Py_ssize_t size, BlockView* v) except -1:
     """Validate the header of the block of ``size`` bytes at ``p`` and point ``v`` at it."""
-    cdef uint32_t n
+    cdef uint32_t n, magic
     cdef int64_t table_end
+    cdef Entry e
     if size < 12:
         raise CorruptionError(f"term block of {size} bytes is too short")
-    if rtb_ld32(p) != MAGIC:
+    magic = rtb_ld32(p)
+    if magic != MAGIC and magic != MAGIC_V1:
         raise CorruptionError(f"term block has a bad magic number {PyBytes_FromStringAndSize(<const char*>p, 4)!r}")
     n = rtb_ld32(p + 4)
     if n == 0:
@@ -209,6 +325,13 @@ cdef int _open_at(const unsigned char* p, Py_ssize_t size, BlockView* v) except 
     v.size = size
     v.n = n
     v.table_end = <Py_ssize_t>table_end
+    v.v2 = magic == MAGIC
+    v.first = p
+    v.first_len = 0
+    if v.v2:  # every entry refers to the first term: check it now
+        _entry_or_raise(v, 0, &e)
+        v.first = p + e.ts
+        v.first_len = e.tlen
     return 0
 
 
@@ -217,21 +340,37 @@ cdef int _entry(const BlockView* v, uint32_t i, Entry* e) noexcept nogil:
     cdef const unsigned char* p = v.p
     cdef int64_t s = rtb_ld32(p + 8 + 4 * <Py_ssize_t>i)
     cdef int64_t end = rtb_ld32(p + 12 + 4 * <Py_ssize_t>i)
+    cdef int64_t ts, tlen, plen
+    cdef uint64_t shared, tail
     cdef uint32_t head
-    cdef int64_t tlen, plen
     cdef int kind
-    if s < v.table_end or end > v.size or end - s < 4:
-        return -1
-    head = rtb_ld32(p + s)
-    tlen = head & MAX_TERM
-    kind = <int>(head >> 30)
-    plen = end - s - 4 - tlen
+    if v.v2:
+        if s < v.table_end or end > v.size or end < s:
+            return -1
+        ts = _get_varint(p, s, end, &shared)
+        if ts < 0:
+            return -2
+        ts = _get_varint(p, ts, end, &tail)
+        if ts < 0 or shared > <uint64_t>(0 if i == 0 else v.first_len):
+            return -2
+        tlen = <int64_t>(tail >> 1)
+        kind = <int>(tail & 1)
+    else:
+        if s < v.table_end or end > v.size or end - s < 4:
+            return -1
+        head = rtb_ld32(p + s)
+        shared = 0
+        ts = s + 4
+        tlen = head & MAX_TERM
+        kind = <int>(head >> 30)
+    plen = end - ts - tlen
     if kind > ROARING or plen < 4 or (kind == RAW and (plen & 3)) or (kind == ROARING and plen == 4):
         return -2
-    e.ts = <Py_ssize_t>(s + 4)
+    e.pre = <Py_ssize_t>shared
+    e.ts = <Py_ssize_t>ts
     e.tlen = <Py_ssize_t>tlen
     e.kind = kind
-    e.ps = <Py_ssize_t>(s + 4 + tlen)
+    e.ps = <Py_ssize_t>(ts + tlen)
     e.plen = <Py_ssize_t>plen
     return 0
 
@@ -245,7 +384,39 @@ cdef int _entry_or_raise(const BlockView* v, uint32_t i, Entry* e) except -1:
     return 0
 
 
-cdef int64_t _lower_bound(const BlockView* v, const unsigned char* key, Py_ssize_t klen) except -1:
+cdef struct Key:
+    const unsigned char* p      # the key's bytes
+    Py_ssize_t len              # its length
+    Py_ssize_t lcp              # length of its common prefix with the block's first term
+    int c0                      # its order against the first term (<0, 0, >0)
+
+
+cdef inline void _key_init(const BlockView* v, const unsigned char* p, Py_ssize_t n, Key* k) noexcept nogil:
+    """Compare ``p[:n]`` with the first term of ``v`` once, for ``_key_cmp``."""
+    cdef Py_ssize_t m = n if n < v.first_len else v.first_len
+    cdef Py_ssize_t lcp = rtb_lcp(p, v.first, m)
+    k.p = p
+    k.len = n
+    k.lcp = lcp
+    if lcp < m:
+        k.c0 = <int>p[lcp] - <int>v.first[lcp]
+    else:
+        k.c0 = (n > v.first_len) - (n < v.first_len)
+
+
+cdef inline int _key_cmp(const BlockView* v, const Entry* e, const Key* k) noexcept nogil:
+    """Order of key ``k`` against the term of entry ``e`` (<0, 0, >0).
+
+    An entry that shares more than ``k.lcp`` bytes with the first term orders against the
+    key as the first term does; otherwise its term and the key agree on the shared bytes,
+    and only the rest is compared.
+    """
+    if e.pre > k.lcp:
+        return k.c0
+    return _cmp(k.p + e.pre, k.len - e.pre, v.p + e.ts, e.tlen)
+
+
+cdef int64_t _lower_bound(const BlockView* v, const Key* k) except -1:
     """Index of the first entry whose term is >= key (``n`` when none)."""
     cdef uint32_t lo = 0, hi = v.n, mid
     cdef Entry e
@@ -253,7 +424,7 @@ cdef int64_t _lower_bound(const BlockView* v, const unsigned char* key, Py_ssize
         mid = (lo + hi) >> 1
         if _entry(v, mid, &e) < 0:
             _entry_or_raise(v, mid, &e)
-        if _cmp(v.p + e.ts, e.tlen, key, klen) < 0:
+        if _key_cmp(v, &e, k) > 0:
             lo = mid + 1
         else:
             hi = mid
@@ -262,12 +433,12 @@ cdef int64_t _lower_bound(const BlockView* v, const unsigned char* key, Py_ssize
 
 cdef bint _find(const BlockView* v, bytes key, Entry* e) except -1:
     """Binary search for ``key``: True with ``e`` filled, or False."""
-    cdef const unsigned char* kp = <const unsigned char*>PyBytes_AS_STRING(key)
-    cdef Py_ssize_t klen = PyBytes_GET_SIZE(key)
-    cdef int64_t i = _lower_bound(v, kp, klen)
+    cdef Key k
+    _key_init(v, <const unsigned char*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &k)
+    cdef int64_t i = _lower_bound(v, &k)
     if i < v.n:
         _entry_or_raise(v, <uint32_t>i, e)
-        if _cmp(v.p + e.ts, e.tlen, kp, klen) == 0:
+        if _key_cmp(v, e, &k) == 0:
             return True
     return False
 
@@ -326,18 +497,28 @@ cdef extern from *:
     """
     #include <stdint.h>
     /* FNV-1a 64 over the term, then splitmix64's finalizer: stable everywhere (it is stored). */
-    static inline uint64_t rtf_hash(const unsigned char *p, Py_ssize_t n) {
-        uint64_t h = 0xcbf29ce484222325ULL;
+    static inline uint64_t rtf_fnv(uint64_t h, const unsigned char *p, Py_ssize_t n) {
         Py_ssize_t i;
         for (i = 0; i < n; i++) {
             h ^= p[i];
             h *= 0x100000001b3ULL;
         }
+        return h;
+    }
+    static inline uint64_t rtf_mix(uint64_t h) {
         h ^= h >> 30;
         h *= 0xbf58476d1ce4e5b9ULL;
         h ^= h >> 27;
         h *= 0x94d049bb133111ebULL;
         return h ^ (h >> 31);
+    }
+    static inline uint64_t rtf_hash(const unsigned char *p, Py_ssize_t n) {
+        return rtf_mix(rtf_fnv(0xcbf29ce484222325ULL, p, n));
+    }
+    /* rtf_hash of the term p1[:n1] + p2[:n2] (a front-coded entry's term) */
+    static inline uint64_t rtf_hash2(const unsigned char *p1, Py_ssize_t n1,
+                                     const unsigned char *p2, Py_ssize_t n2) {
+        return rtf_mix(rtf_fnv(rtf_fnv(0xcbf29ce484222325ULL, p1, n1), p2, n2));
     }
     /* The 64-byte block of hash h: the high 32 bits scaled to [0, nblocks). */
     static inline const unsigned char *rtf_block(const unsigned char *bits, uint32_t nblocks, uint64_t h) {
@@ -366,6 +547,8 @@ cdef extern from *:
     }
     """
     uint64_t rtf_hash(const unsigned char* p, Py_ssize_t n) noexcept nogil
+    uint64_t rtf_hash2(const unsigned char* p1, Py_ssize_t n1, const unsigned char* p2,
+                       Py_ssize_t n2) noexcept nogil
     void rtf_set(unsigned char* bits, uint32_t nblocks, uint32_t k, uint64_t h) noexcept nogil
     bint rtf_test(const unsigned char* bits, uint32_t nblocks, uint32_t k, uint64_t h) noexcept nogil
 
@@ -425,7 +608,7 @@ cdef class TermFilterBuilder:
                 if _entry(&v, i, &e) < 0:
                     bad = i
                     break
-                out[i] = rtf_hash(v.p + e.ts, e.tlen)
+                out[i] = rtf_hash2(v.first, e.pre, v.p + e.ts, e.tlen)
         if bad >= 0:
             _entry_or_raise(&v, <uint32_t>bad, &e)
         self.n += v.n
@@ -572,27 +755,26 @@ cdef list _scan(const BlockView* v, uint32_t start, object hi):
     cdef uint32_t i
     cdef const unsigned char* hp = NULL
     cdef Py_ssize_t hlen = 0
-    cdef const unsigned char* prev = NULL
-    cdef Py_ssize_t prev_len = -1
+    cdef bytes prev = None
     if hi is not None:
         hp = <const unsigned char*>PyBytes_AS_STRING(hi)
         hlen = PyBytes_GET_SIZE(hi)
     for i in range(start, v.n):
         _entry_or_raise(v, i, &e)
-        if hp != NULL and _cmp(v.p + e.ts, e.tlen, hp, hlen) >= 0:
+        if hp != NULL and _cmp_ek(v, &e, hp, hlen) >= 0:
             break
-        if prev_len >= 0 and _cmp(v.p + e.ts, e.tlen, prev, prev_len) <= 0:
+        if prev is not None and _cmp_ek(v, &e, <const unsigned char*>PyBytes_AS_STRING(prev),
+                                        PyBytes_GET_SIZE(prev)) <= 0:
             raise CorruptionError("term block terms are not strictly increasing")
-        prev = v.p + e.ts
-        prev_len = e.tlen
-        t = PyBytes_FromStringAndSize(<const char*>(v.p + e.ts), e.tlen)
-        out.append((t, _bitmap(v, &e)))
+        prev = _term_bytes(v, &e)
+        out.append((prev, _bitmap(v, &e)))
     return out
 
 
 def block_range(block, lo, hi):
     """Entries with ``lo <= term < hi`` (None: unbounded), in term order."""
     cdef BlockView v
+    cdef Key k
     cdef int64_t start = 0
     if lo is not None:
         _check_term(lo)
@@ -601,7 +783,8 @@ def block_range(block, lo, hi):
     cdef _Pinned b = _Pinned(block)
     _open(b, &v)
     if lo is not None:
-        start = _lower_bound(&v, <const unsigned char*>PyBytes_AS_STRING(lo), PyBytes_GET_SIZE(lo))
+        _key_init(&v, <const unsigned char*>PyBytes_AS_STRING(lo), PyBytes_GET_SIZE(lo), &k)
+        start = _lower_bound(&v, &k)
     return _scan(&v, <uint32_t>start, hi)
 
 
@@ -620,10 +803,9 @@ def block_first_last(block):
     cdef _Pinned b = _Pinned(block)
     _open(b, &v)
     _entry_or_raise(&v, 0, &e)
-    first = PyBytes_FromStringAndSize(<const char*>(v.p + e.ts), e.tlen)
+    first = _term_bytes(&v, &e)
     _entry_or_raise(&v, v.n - 1, &e)
-    last = PyBytes_FromStringAndSize(<const char*>(v.p + e.ts), e.tlen)
-    return first, last
+    return first, _term_bytes(&v, &e)
 
 
 # ---- writing ---------------------------------------------------------------------------
@@ -649,27 +831,54 @@ cdef void _w_put(WState* w, const unsigned char* t1, Py_ssize_t l1, const unsign
     """Append the entry of term ``t1 + t2`` (two parts, so that callers need not join them).
 
     Raw when ``ser`` is NULL (``vals[:k]``), else roaring (cardinality ``k``, then
-    ``ser[:ser_len]``). The caller reserved ``_w_entry_size`` bytes and a start slot.
+    ``ser[:ser_len]``). The term is stored as the length of its longest common prefix with
+    the pending block's first term and the rest. The caller reserved ``_w_entry_size``
+    bytes and a start slot; ``t1``, ``t2`` do not point into ``w.data``.
     """
     cdef unsigned char* q = w.data + w.data_len
-    cdef Py_ssize_t tlen = l1 + l2
+    cdef const unsigned char* f = w.data + w.first_ts
+    cdef Py_ssize_t tlen = l1 + l2, shared = 0
+    cdef Py_ssize_t m = tlen if tlen < w.first_len else w.first_len
+    if w.n > 0:  # the common prefix of t1 + t2 and the first term
+        shared = rtb_lcp(t1, f, l1 if l1 < m else m)
+        if shared == l1 and m > l1:
+            shared += rtb_lcp(t2, f + l1, m - l1)
     w.starts[w.n] = <uint32_t>w.data_len
+    q = _put_varint(q, <uint64_t>shared)
+    q = _put_varint(q, <uint64_t>(tlen - shared) << 1 | (0 if ser == NULL else ROARING))
+    if w.n == 0:
+        w.first_ts = q - w.data
+        w.first_len = tlen
     w.n += 1
-    rtb_st32(q, <uint32_t>(tlen if ser == NULL else tlen | (ROARING << 30)))
-    q += 4
-    if l1 > 0:
-        memcpy(q, t1, <size_t>l1)
-    if l2 > 0:
-        memcpy(q + l1, t2, <size_t>l2)
-    q += tlen
+    if shared < l1:
+        memcpy(q, t1 + shared, <size_t>(l1 - shared))
+        q += l1 - shared
+        if l2 > 0:
+            memcpy(q, t2, <size_t>l2)
+        q += l2
+    elif tlen > shared:
+        memcpy(q, t2 + (shared - l1), <size_t>(tlen - shared))
+        q += tlen - shared
     if ser == NULL:
         rtb_st32s(q, vals, k)
-        w.data_len += 4 + tlen + 4 * k
+        q += 4 * k
     else:
         rtb_st32(q, <uint32_t>k)
         memcpy(q + 4, ser, <size_t>ser_len)
-        w.data_len += 8 + tlen + ser_len
+        q += 4 + ser_len
+    w.data_len = q - w.data
     w.n_terms += 1
+
+
+cdef void _w_entry_term(const WState* w, Py_ssize_t j, Entry* e) noexcept nogil:
+    """Where the term of pending entry ``j`` lies in ``w.data`` (``pre``, ``ts``, ``tlen``):
+    the writer's own bytes, so unchecked."""
+    cdef uint64_t shared, tail
+    cdef int64_t pos = _get_varint(w.data, w.starts[j], w.data_len, &shared)
+    pos = _get_varint(w.data, pos, w.data_len, &tail)
+    e.pre = <Py_ssize_t>shared
+    e.ts = <Py_ssize_t>pos
+    e.tlen = <Py_ssize_t>(tail >> 1)
 
 
 cdef void _w_write_block(const WState* w, unsigned char* q) noexcept nogil:
@@ -710,11 +919,14 @@ cdef list _blockout_list(const BlockOut* out):
     cdef Py_ssize_t i, start = 0
     cdef const unsigned char* p
     cdef uint32_t table_end
+    cdef int64_t pos
+    cdef uint64_t shared, tail
     for i in range(out.n):
         p = out.data + start
-        table_end = rtb_ld32(p + 8)
-        first = PyBytes_FromStringAndSize(<const char*>(p + table_end + 4),
-                                          rtb_ld32(p + table_end) & MAX_TERM)
+        table_end = rtb_ld32(p + 8)  # entry 0: varint 0, varint tail, the whole first term
+        pos = _get_varint(p, table_end, out.ends[i] - start, &shared)
+        pos = _get_varint(p, pos, out.ends[i] - start, &tail)
+        first = PyBytes_FromStringAndSize(<const char*>(p + pos), <Py_ssize_t>(tail >> 1))
         block = PyBytes_FromStringAndSize(<const char*>p, out.ends[i] - start)
         res.append((first, block))
         start = out.ends[i]
@@ -791,9 +1003,10 @@ cdef class BlockWriter:
         finished ``(first_term, block)`` once the current block reaches ``target_bytes``.
         """
         cdef array.array arr = None
-        cdef Py_ssize_t k, tlen, llen = -1, s
+        cdef Py_ssize_t k, tlen
         cdef const unsigned char* t
-        cdef const unsigned char* lt = NULL
+        cdef Entry e
+        cdef bytes last = None
         if not PyBytes_Check(term):
             raise TypeError(f"term must be bytes, not {type(term).__name__}")
         if isinstance(postings, array.array):
@@ -817,14 +1030,15 @@ cdef class BlockWriter:
             raise ValueError("postings must be strictly increasing")
         t = <const unsigned char*>PyBytes_AS_STRING(term)
         if self.w.n > 0:
-            s = self.w.starts[self.w.n - 1]
-            lt = self.w.data + s + 4
-            llen = rtb_ld32(self.w.data + s) & MAX_TERM
-        elif self.w.last_len >= 0:
-            lt = self.w.last
-            llen = self.w.last_len
-        if llen >= 0 and _cmp(t, tlen, lt, llen) <= 0:
-            last = PyBytes_FromStringAndSize(<const char*>lt, llen)
+            _w_entry_term(&self.w, self.w.n - 1, &e)
+            if _cmp22(t, tlen, NULL, 0, self.w.data + self.w.first_ts, e.pre,
+                      self.w.data + e.ts, e.tlen) <= 0:
+                last = PyBytes_FromStringAndSize(NULL, e.pre + e.tlen)
+                memcpy(PyBytes_AS_STRING(last), self.w.data + self.w.first_ts, <size_t>e.pre)
+                memcpy(PyBytes_AS_STRING(last) + e.pre, self.w.data + e.ts, <size_t>e.tlen)
+        elif self.w.last_len >= 0 and _cmp(t, tlen, self.w.last, self.w.last_len) <= 0:
+            last = PyBytes_FromStringAndSize(<const char*>self.w.last, self.w.last_len)
+        if last is not None:
             raise ValueError(f"terms must be added in strictly increasing order: {term!r} after {last!r}")
         return self._put(t, tlen, arr.data.as_uints, k, arr)
 
@@ -852,19 +1066,22 @@ cdef class BlockWriter:
 
     cdef object _flush(self):
         cdef WState* w = &self.w
-        cdef Py_ssize_t total = _w_size(w), s, llen
+        cdef Py_ssize_t total = _w_size(w), llen
+        cdef Entry e
         if total > <Py_ssize_t>MAXU32:
             raise ValueError("block larger than 4 GiB")
         out = PyBytes_FromStringAndSize(NULL, total)
         _w_write_block(w, <unsigned char*>PyBytes_AS_STRING(out))
-        first = PyBytes_FromStringAndSize(<const char*>(w.data + 4), rtb_ld32(w.data) & MAX_TERM)
-        s = w.starts[w.n - 1]
-        llen = rtb_ld32(w.data + s) & MAX_TERM
+        first = PyBytes_FromStringAndSize(<const char*>(w.data + w.first_ts), w.first_len)
+        _w_entry_term(w, w.n - 1, &e)
+        llen = e.pre + e.tlen
         if llen > w.last_cap:
             w.last = <unsigned char*>safe_realloc(w.last, <size_t>llen, 1)
             w.last_cap = llen
-        if llen > 0:
-            memcpy(w.last, w.data + s + 4, <size_t>llen)
+        if e.pre > 0:
+            memcpy(w.last, w.data + w.first_ts, <size_t>e.pre)
+        if e.tlen > 0:
+            memcpy(w.last + e.pre, w.data + e.ts, <size_t>e.tlen)
         w.last_len = llen
         w.n = 0
         w.data_len = 0
@@ -1039,7 +1256,6 @@ cdef Py_ssize_t _fast(MState* m) noexcept nogil:
     cdef Py_ssize_t merged = 0, j, total, cnt, got, need, kk, tl
     cdef CState* c
     cdef CState* best
-    cdef const unsigned char* tp
     cdef bint dup
     cdef int r
     cdef uint32_t bad
@@ -1054,7 +1270,7 @@ cdef Py_ssize_t _fast(MState* m) noexcept nogil:
             if best == NULL:
                 best = c
             else:
-                r = _cmp(c.v.p + c.e.ts, c.e.tlen, best.v.p + best.e.ts, best.e.tlen)
+                r = _cmp_ee(&c.v, &c.e, &best.v, &best.e)
                 if r < 0:
                     best = c
                     dup = False
@@ -1062,16 +1278,15 @@ cdef Py_ssize_t _fast(MState* m) noexcept nogil:
                     dup = True
         if best == NULL:
             return merged
-        tp = best.v.p + best.e.ts
-        tl = best.e.tlen
-        if m.last_len >= 0 and _cmp(tp, tl, m.last, m.last_len) <= 0:
+        tl = best.e.pre + best.e.tlen
+        if m.last_len >= 0 and _cmp_ek(&best.v, &best.e, m.last, m.last_len) <= 0:
             return merged
         if tl > m.last_cap:
             return merged
         total = 0
         for j in range(m.k):
             c = m.cs[j]
-            c.hit = not c.done and (c == best or (dup and _cmp(c.v.p + c.e.ts, c.e.tlen, tp, tl) == 0))
+            c.hit = not c.done and (c == best or (dup and _cmp_ee(&c.v, &c.e, &best.v, &best.e) == 0))
             if not c.hit:
                 continue
             kk = c.e.plen >> 2
@@ -1092,14 +1307,13 @@ cdef Py_ssize_t _fast(MState* m) noexcept nogil:
         if not _surely_raw(m.scratch, cnt):
             return merged  # may be roaring: BitMap work needs the GIL
         if cnt > 0:
-            need = 4 + tl + 4 * cnt
+            need = _w_entry_size(tl, cnt, -1)
             if w.data_len + need > w.data_cap or w.n >= w.starts_cap:
                 return merged
             if _w_size(w) + 4 + need >= w.target:
                 return merged
         # commit: nothing above changed any state
-        if tl > 0:
-            memcpy(m.last, tp, <size_t>tl)
+        _copy_term(m.last, &best.v, &best.e)
         m.last_len = tl
         if cnt > 0:
             _w_put(w, m.last, tl, NULL, 0, m.scratch, cnt, NULL, 0)
@@ -1173,24 +1387,21 @@ cdef class _Merger:
         cdef array.array arr = None
         for j in range(m.k):
             c = m.cs[j]
-            if not c.done and (best < 0 or _cmp(c.v.p + c.e.ts, c.e.tlen,
-                                                m.cs[best].v.p + m.cs[best].e.ts,
-                                                m.cs[best].e.tlen) < 0):
+            if not c.done and (best < 0 or _cmp_ee(&c.v, &c.e, &m.cs[best].v, &m.cs[best].e) < 0):
                 best = j
         if best < 0:
             self.finished = True
             return self.writer.finish()
         b = m.cs[best]
-        tl = b.e.tlen
-        if m.last_len >= 0 and _cmp(b.v.p + b.e.ts, tl, m.last, m.last_len) <= 0:
+        tl = b.e.pre + b.e.tlen
+        if m.last_len >= 0 and _cmp_ek(&b.v, &b.e, m.last, m.last_len) <= 0:
             raise CorruptionError("merge input terms are not strictly increasing")
         _grow_last(m, tl)
-        if tl > 0:
-            memcpy(m.last, b.v.p + b.e.ts, <size_t>tl)
+        _copy_term(m.last, &b.v, &b.e)
         m.last_len = tl
         for j in range(m.k):
             c = m.cs[j]
-            c.hit = not c.done and (j == best or _cmp(c.v.p + c.e.ts, c.e.tlen, m.last, tl) == 0)
+            c.hit = not c.done and (j == best or _cmp_ek(&c.v, &c.e, m.last, tl) == 0)
             if c.hit:
                 if c.e.kind == RAW:
                     total += c.e.plen >> 2
