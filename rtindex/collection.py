@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from rtindex import documents, gcpause
 from rtindex.documents import ItemError, Limits
@@ -261,16 +262,17 @@ class Collection:
                 stats.errors.append(ItemError(idx, None, doc.path, doc.message))
                 continue
             try:
-                doc_id, id_key, d, raw = documents.prepare(doc, limits, now, check_event_time=True, raw=line)
+                doc_id, id_key, d, raw = documents.identify(doc, now, check_event_time=True, raw=line)
             except SchemaError as e:
                 stats.errors.append(ItemError(idx, doc.get("_id") if isinstance(doc, dict) else None,
                                               e.path, e.message))
                 continue
-            stored[idx] = (doc_id, id_key, len(raw))
+            stored[idx] = (doc_id, id_key, 0)  # the size once serialized (by the shard, see _put)
             per_shard[documents.shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
+        serialize = functools.partial(documents.serialize, limits=limits)
         for shard, items in zip(self._shards, per_shard):
             if items:
-                self._put(shard, items, stats, stored)
+                self._put(shard, items, stats, stored, serialize)
         for idx in sorted(stored):  # input order: of two versions of an _id, the later one is stored
             doc_id, id_key, size = stored[idx]
             written[id_key] = (doc_id, size)
@@ -279,17 +281,24 @@ class Collection:
         return sum(size for _, _, size in stored.values())
 
     @staticmethod
-    def _put(shard: Shard, items: list, stats: IngestStats, stored: dict[int, tuple[Any, bytes, int]]) -> None:
-        """``shard.put_many``, and once more for the documents its indexer refused for a UUID
-        or Enum value (orjson serializes those itself, so ``prepare`` cannot see them),
-        converted, in input order; unless a later version of the same ``_id`` was stored
-        meanwhile: that one replaced it, as if it had been stored first."""
-        errors, replaced = shard.put_many(items)
+    def _put(shard: Shard, items: list, stats: IngestStats, stored: dict[int, tuple[Any, bytes, int]],
+             serialize: Callable[[dict, bytes | None], tuple[dict, bytes]]) -> None:
+        """``shard.put_many``, which serializes each document right before indexing it, and
+        once more for the documents its indexer refused for a UUID or Enum value (orjson
+        serializes those itself, so ``serialize`` cannot see them), converted, in input
+        order; unless a later version of the same ``_id`` was stored meanwhile: that one
+        replaced it, as if it had been stored first. Records each stored item's size in
+        ``stored``; a failed one leaves it."""
+        errors, replaced, items = shard.put_many(items, serialize)
         stats.replaced.extend(replaced)
+        failed = {idx for idx, _ in errors}
+        for idx, _, _, raw in items:
+            if idx not in failed:
+                doc_id, id_key, _ = stored[idx]
+                stored[idx] = (doc_id, id_key, len(raw))
         if not errors:
             return
         by_idx = {it[0]: it for it in items}
-        failed = {idx for idx, _ in errors}
         kept: dict[bytes, list[int]] = {}  # id key -> input positions stored just now
         for idx, id_key, _, _ in items:
             if idx not in failed:
@@ -299,15 +308,15 @@ class Collection:
             _, id_key, d, raw = by_idx[idx]
             plain = documents.json_value(d)
             later = [i for i in kept.get(id_key, ()) if i > idx]
-            if plain is d:  # plain JSON already: the refusal stands
+            if raw is None or plain is d:  # not serializable, too large, or plain JSON already: the refusal stands
                 stats.errors.append(ItemError(idx, stored.pop(idx)[0], e.path, e.message))
             elif later:
                 if later[0] not in replaced:
                     stats.replaced.append(later[0])
             else:
-                again.append((idx, id_key, plain, raw))
+                again.append((idx, id_key, plain, None))
         if again:
-            Collection._put(shard, again, stats, stored)
+            Collection._put(shard, again, stats, stored, serialize)
 
     def _shard_for(self, doc_id: Any) -> tuple[Shard, bytes]:
         id_key = documents.encode_id(doc_id)
@@ -339,7 +348,7 @@ class Collection:
             if new.get("_event_time") is None:
                 new["_event_time"] = doc["_event_time"]
             _, _, d, raw = documents.prepare(new, self._limits, documents.now_us())
-            errors, _ = shard.put_many([(0, id_key, d, raw)])
+            errors, _, _ = shard.put_many([(0, id_key, d, raw)])
             if errors:
                 raise errors[0][1]
             return d

@@ -333,14 +333,15 @@ def _spliced(raw: bytes, doc: dict, filled: dict) -> bytes | None:
     return body[:-1] + (b"," if doc else b"") + orjson.dumps(filled)[1:]
 
 
-def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = False,
-            raw: bytes | None = None) -> tuple[Any, bytes, dict, bytes]:
-    """(user id, id key, document, serialized document) ready for a shard, or SchemaError.
-
-    The document holds plain JSON types only (see :func:`to_json_bytes`); the caller's
-    dict is never changed. ``check_event_time``: see :func:`event_time_of` (ingest checks
-    what it is given; a patch re-stores a document whose time was checked before).
-    ``raw``: the JSON text ``doc`` was parsed from (see :class:`Line`), stored as it is."""
+def identify(doc: Any, now_us: int, check_event_time: bool = False,
+             raw: bytes | None = None) -> tuple[Any, bytes, dict, bytes | None]:
+    """(user id, id key, document, its JSON text if known) of a document to store, or
+    SchemaError: the ``_id`` (generated when missing) and ``_event_time`` (``now_us`` when
+    missing) filled in on a copy, the caller's dict never changed. ``check_event_time``:
+    see :func:`event_time_of` (ingest checks what it is given; a patch re-stores a document
+    whose time was checked before). ``raw``: the JSON text ``doc`` was parsed from (see
+    :class:`Line`), returned with what was filled in; None when unknown or when a value had
+    to be converted (then :func:`serialize` makes it)."""
     if not isinstance(doc, dict):
         raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
     given_id = doc.get("_id")
@@ -364,7 +365,18 @@ def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = Fals
         d = doc
         if raw is not None:
             raw = raw.strip()
-    id_key = encode_id(doc_id)
+    return doc_id, encode_id(doc_id), d, raw
+
+
+def serialize(d: dict, raw: bytes | None, limits: Limits) -> tuple[dict, bytes]:
+    """``(d, its JSON bytes)`` to store, ``raw`` when given; ``d`` converted to plain JSON
+    types first when it holds others (see :func:`to_json_bytes`). SchemaError when it
+    cannot be serialized or is over ``limits.max_document_bytes``.
+
+    Ingest calls this right before indexing the document (a shard's ``put_many``), not
+    with the rest of :func:`identify`: serializing then indexing one document while it is
+    in the CPU cache costs ~16 us a 1.2 KB event, serializing a batch and then indexing
+    it ~21 us (docs/benchmarks.md)."""
     if raw is None:
         try:  # most documents are plain JSON: serialized once, never walked (see to_json_bytes)
             raw = orjson.dumps(d, default=_not_plain, option=_PASSTHROUGH)
@@ -372,6 +384,15 @@ def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = Fals
             d, raw = _converted(d, limits)
     if len(raw) > limits.max_document_bytes:
         raise SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes={limits.max_document_bytes}")
+    return d, raw
+
+
+def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = False,
+            raw: bytes | None = None) -> tuple[Any, bytes, dict, bytes]:
+    """(user id, id key, document, serialized document) ready for a shard, or SchemaError:
+    :func:`identify` then :func:`serialize`."""
+    doc_id, id_key, d, raw = identify(doc, now_us, check_event_time, raw)
+    d, raw = serialize(d, raw, limits)
     return doc_id, id_key, d, raw
 
 

@@ -32,10 +32,10 @@ from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import keys
 from rtindex._impl import SegmentBuilder
+from rtindex.chunkcache import ChunkCache
 from rtindex.errors import CorruptionError, StorageError
 from rtindex.keys import from_u64
 from rtindex.notify import Watch
-from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache
 from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
 from rtindex.shard import SIGNAL_FILE, Shard

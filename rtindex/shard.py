@@ -22,9 +22,9 @@ from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import columns, keys
 from rtindex._impl import block_range
+from rtindex.chunkcache import ChunkCache
 from rtindex.errors import CorruptionError
 from rtindex.keys import u64
-from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache, copy_json
 from rtindex.segments import EMPTY, Segment, ShardConfig, ShardState, View, keep_mask, spend
 from rtindex.storage import Store

@@ -22,6 +22,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Callable
 
 import orjson
 from pyroaring import BitMap, FrozenBitMap
@@ -29,11 +30,11 @@ from pyroaring import BitMap, FrozenBitMap
 from rtindex import keys, segfile
 from rtindex._impl import SegmentBuilder
 from rtindex.background import Worker
+from rtindex.chunkcache import ChunkCache
 from rtindex.errors import CorruptionError, SchemaError, StorageError
 from rtindex.keys import from_u64, u64
 from rtindex.maintenance import Maintenance
 from rtindex.notify import Signal
-from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache
 from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
 from rtindex.shard import SIGNAL_FILE, Shard
@@ -169,14 +170,18 @@ class ShardWriter(Shard):
             raise StorageError(f"shard {self.index} of {os.path.dirname(self.path)}: {what} failed, nothing "
                                f"of it was stored: {e}") from e
 
-    def put_many(self, items: list[tuple[int, bytes, dict, bytes]]
-                 ) -> tuple[list[tuple[int, SchemaError]], list[int]]:
+    def put_many(self, items: list[tuple[int, bytes, dict, bytes | None]],
+                 serialize: Callable[[dict, bytes | None], tuple[dict, bytes]] | None = None
+                 ) -> tuple[list[tuple[int, SchemaError]], list[int], list[tuple[int, bytes, dict, bytes | None]]]:
         """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
 
-        Returns the per-item indexing errors, and the caller indices of the items that
-        replaced a stored document (or an earlier item of the same call); every other item
-        is new. All of them are durable when this returns. Raises StorageError (and stores
-        nothing) when the write fails.
+        ``serialize(document, bytes or None) -> (document, bytes)`` (or SchemaError) is
+        called on each item right before it is indexed, while the document is in the CPU
+        cache (see documents.serialize); without it every item must carry its bytes.
+        Returns the per-item errors (serializing or indexing), the caller indices of the
+        items that replaced a stored document (or an earlier item of the same call; every
+        other item is new), and the items as serialized. All of them are durable when this
+        returns. Raises StorageError (and stores nothing) when the write fails.
         """
         errors: list[tuple[int, SchemaError]] = []
         replaced: list[int] = []
@@ -193,9 +198,10 @@ class ShardWriter(Shard):
             dels: list[int] = []
             next_row = state.next_row_id
             self._broken_builder = True  # until the write below succeeded
-            offsets = self._index_docs(builder, items, errors)
+            items = self._index_docs(builder, items, serialize, errors)
+            offsets = [it[4] for it in items]
             put = wb.put
-            for (idx, id_key, doc, raw), prev_raw, off in zip(items, old, offsets):
+            for (idx, id_key, doc, raw, off), prev_raw in zip(items, old):
                 if off < 0:
                     continue
                 rid = base + off
@@ -213,39 +219,53 @@ class ShardWriter(Shard):
                 rid_key = u64(rid)
                 put("rows", rid_key, raw)
                 put("ids", id_key, rid_key)
+            items = [it[:4] for it in items]
             if next_row == state.next_row_id:
                 self._broken_builder = False
-                return errors, replaced
+                return errors, replaced, items
             wb.put("meta", keys.META_NEXT_ROW, u64(next_row))
             seq = self._log(wb, dels)
             self.store.write(wb)
             self._log_seq = seq
             self._broken_builder = False
             self._publish(state, next_row, dels)
-        return errors, replaced
+        return errors, replaced, items
 
     @property
     def change_count(self) -> int:
         """The change counter after the last published write (see rtindex/fence.py)."""
         return self._signal.count
 
-    def _index_docs(self, builder, items, errors) -> list[int]:
-        """Index each item's document into the active builder: its offset, or -1 if rejected.
+    def _index_docs(self, builder, items, serialize, errors) -> list[tuple]:
+        """Serialize (when ``serialize`` is given) and index each item's document into the
+        active builder: the items with their offset appended, -1 if rejected.
 
-        The lock that keeps readers off the builder is taken per small chunk, so a reader waits
-        for at most a few documents, and ingest does not pay a lock round trip per document.
+        Items go 32 at a time: serialized, then indexed while still in the CPU cache under
+        the lock that keeps readers off the builder, so a reader waits for at most a few
+        documents, and ingest does not pay a lock round trip per document.
         """
-        offsets = []
+        out = []
         add = builder.add
         for start in range(0, len(items), 32):
-            with self._mem_lock:
-                for idx, _, doc, _ in items[start : start + 32]:
+            part = []
+            for idx, id_key, doc, raw in items[start : start + 32]:
+                if serialize is not None:
                     try:
-                        offsets.append(add(doc))
+                        doc, raw = serialize(doc, raw)
                     except SchemaError as e:
                         errors.append((idx, e))
-                        offsets.append(-1)
-        return offsets
+                        raw = None
+                part.append((idx, id_key, doc, raw))
+            with self._mem_lock:
+                for idx, id_key, doc, raw in part:
+                    off = -1
+                    if raw is not None:
+                        try:
+                            off = add(doc)
+                        except SchemaError as e:
+                            errors.append((idx, e))
+                    out.append((idx, id_key, doc, raw, off))
+        return out
 
     def _log(self, wb, dels: list[int]) -> int:
         """Add a change log record of ``dels`` to ``wb`` (readers in other processes learn
