@@ -6,7 +6,12 @@
 Events are generated on the fly (never held in memory), so the RSS measured is rtindex's:
 mutable segments (sealed by size), pending seals (at most 2 per shard), RocksDB memtables
 (one shared budget) and block cache. Full run: 5,000,000 events; --quick: 500,000.
-The last line printed is one JSON object.
+
+First, whether ``seal_bytes`` bounds what it says: one in-memory segment builder is filled
+with ``--builder-events`` events (25,000: a shard's ``seal_rows``), each generated, parsed
+from its JSON and dropped, and the RSS it adds (``builder_taken_mb``) is set against what
+the builder counts (``builder_counted_mb``, its ``nbytes``, which ``seal_bytes`` is compared
+with). The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -33,14 +38,38 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
+def builder_bytes(n: int) -> tuple[float, float]:
+    """(MB the builder counts, MB of RSS it adds) for ``n`` events indexed into one builder."""
+    import gc
+
+    import orjson
+
+    from rtindex._impl import SegmentBuilder
+
+    gc.collect()
+    before = rss_mb()
+    builder = SegmentBuilder()
+    for doc in datagen.rockbench_events(n, seed=5):
+        builder.add(orjson.loads(orjson.dumps(doc)))  # a fresh document, dropped after
+    gc.collect()
+    taken = rss_mb() - before
+    counted = builder.nbytes / 1e6
+    del builder
+    return counted, taken
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--events", type=int)
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--builder-events", type=int, default=25_000)
     args = ap.parse_args(argv)
     n = args.events or (500_000 if args.quick else 5_000_000)
+    counted, taken = builder_bytes(args.builder_events)
+    print(f"one builder of {args.builder_events:,} events: counts {counted:,.1f} MB, takes {taken:,.1f} MB of RSS "
+          f"({counted / taken:.2f}x)", file=sys.stderr, flush=True)
     work = tempfile.mkdtemp(prefix="rtindex-mem-", dir=args.dir)
     peak = [rss_mb()]
     stop = threading.Event()
@@ -78,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         "docs_per_s": round(done / secs),
         "start_rss_mb": round(start_rss),
         "peak_rss_mb": round(max(peak[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)),
+        "builder_events": args.builder_events,
+        "builder_counted_mb": round(counted, 1),
+        "builder_taken_mb": round(taken, 1),
+        "builder_counted_vs_taken": round(counted / taken, 2),
     }
     print(json.dumps(out))
     return 0

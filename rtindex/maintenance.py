@@ -25,6 +25,7 @@ from rtindex._impl import merge_blocks
 from rtindex.background import Worker
 from rtindex.errors import StorageError
 from rtindex.keys import u64
+from rtindex.memtrim import release_free_memory
 from rtindex.segments import MemSegment, Segment, ShardState, View, keep_mask
 
 if TYPE_CHECKING:
@@ -120,12 +121,14 @@ class Maintenance:
         if not pending:
             return
         try:
-            self._seal_inner(pending[0])
+            self._seal_inner(pending.pop(0))
         except Exception as e:
             if self.shard.closed:
                 return
             self._retry("sealing a segment", e, self._seal_next, self._sealer)
             return
+        del pending  # the sealed builder goes with the last state that shows it (usually now)
+        release_free_memory()
         self._succeeded()
         self.maybe_merge()
 
@@ -210,6 +213,7 @@ class Maintenance:
             return
         with self._cv:
             self._merging = False
+        release_free_memory()  # the inputs' decoded columns
         self._succeeded()
         self.maybe_merge()
 
