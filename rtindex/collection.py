@@ -258,6 +258,7 @@ class Collection:
         Returns the bytes stored."""
         now = documents.now_us()
         per_shard: list[list] = [[] for _ in range(n_shards)]
+        generated: set[int] = set()  # input indices of the documents given an _id just now
         stored: dict[int, tuple[Any, bytes, int]] = {}  # input index -> (_id, id key, size), while not failed
         for idx, doc in chunk:
             line = None
@@ -274,10 +275,12 @@ class Collection:
                 continue
             stored[idx] = (doc_id, id_key, 0)  # the size once serialized (by the shard, see _put)
             per_shard[documents.shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
+            if doc.get("_id") is None:
+                generated.add(idx)
         serialize = functools.partial(documents.serialize, limits=limits)
         for shard, items in zip(self._shards, per_shard):
             for start in range(0, len(items), PUT_DOCS):
-                self._put(shard, items[start : start + PUT_DOCS], stats, stored, serialize)
+                self._put(shard, items[start : start + PUT_DOCS], stats, stored, serialize, generated)
         for idx in sorted(stored):  # input order: of two versions of an _id, the later one is stored
             doc_id, id_key, size = stored[idx]
             written[id_key] = (doc_id, size)
@@ -287,14 +290,14 @@ class Collection:
 
     @staticmethod
     def _put(shard: Shard, items: list, stats: IngestStats, stored: dict[int, tuple[Any, bytes, int]],
-             serialize: Callable[[dict, bytes | None], tuple[dict, bytes]]) -> None:
+             serialize: Callable[[dict, bytes | None], tuple[dict, bytes]], generated: set[int]) -> None:
         """``shard.put_many``, which serializes each document right before indexing it, and
         once more for the documents its indexer refused for a UUID or Enum value (orjson
         serializes those itself, so ``serialize`` cannot see them), converted, in input
         order; unless a later version of the same ``_id`` was stored meanwhile: that one
         replaced it, as if it had been stored first. Records each stored item's size in
         ``stored``; a failed one leaves it."""
-        errors, replaced, items = shard.put_many(items, serialize)
+        errors, replaced, items = shard.put_many(items, serialize, generated)
         stats.replaced.extend(replaced)
         failed = {idx for idx, _ in errors}
         for idx, _, _, raw in items:
@@ -321,7 +324,7 @@ class Collection:
             else:
                 again.append((idx, id_key, plain, None))
         if again:
-            Collection._put(shard, again, stats, stored, serialize)
+            Collection._put(shard, again, stats, stored, serialize, generated)
 
     def _shard_for(self, doc_id: Any) -> tuple[Shard, bytes]:
         id_key = documents.encode_id(doc_id)

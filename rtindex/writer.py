@@ -171,7 +171,8 @@ class ShardWriter(Shard):
                                f"of it was stored: {e}") from e
 
     def put_many(self, items: list[tuple[int, bytes, dict, bytes | None]],
-                 serialize: Callable[[dict, bytes | None], tuple[dict, bytes]] | None = None
+                 serialize: Callable[[dict, bytes | None], tuple[dict, bytes]] | None = None,
+                 generated: set[int] | frozenset[int] = frozenset(),
                  ) -> tuple[list[tuple[int, SchemaError]], list[int], list[tuple[int, bytes, dict, bytes | None]]]:
         """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
 
@@ -180,8 +181,10 @@ class ShardWriter(Shard):
         cache (see documents.serialize); without it every item must carry its bytes.
         Returns the per-item errors (serializing or indexing), the caller indices of the
         items that replaced a stored document (or an earlier item of the same call; every
-        other item is new), and the items as serialized. All of them are durable when this
-        returns. Raises StorageError (and stores nothing) when the write fails.
+        other item is new), and the items as serialized. ``generated``: the caller indices of
+        items whose ``_id`` was just generated (128 random bits), which cannot be stored yet:
+        their ``_id`` index is not read (1.6 us a TSBS row). All of them are durable when
+        this returns. Raises StorageError (and stores nothing) when the write fails.
         """
         errors: list[tuple[int, SchemaError]] = []
         replaced: list[int] = []
@@ -192,7 +195,11 @@ class ShardWriter(Shard):
             mem_view = state.views[-1]
             builder = mem_view.seg.builder
             base = mem_view.seg.base
-            old = self.store.multi_get("ids", [it[1] for it in items])
+            if generated:
+                known = iter(self.store.multi_get("ids", [it[1] for it in items if it[0] not in generated]))
+                old = [None if it[0] in generated else next(known) for it in items]
+            else:
+                old = self.store.multi_get("ids", [it[1] for it in items])
             wb = self.store.batch()
             seen: dict[bytes, int] = {}
             dels: list[int] = []
