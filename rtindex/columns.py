@@ -8,7 +8,7 @@ Arrow IPC streams so a scan maps them back without copying.
 from __future__ import annotations
 
 from array import array
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -66,10 +66,19 @@ COMPRESS_MIN = 4096
 
 def encode(arr: pa.Array) -> pa.Buffer:
     """``arr`` as an Arrow IPC stream, compressed unless it is small."""
-    batch = pa.record_batch([arr], names=["v"])
+    return encode_parts(arr.type, [arr], compress=arr.nbytes >= COMPRESS_MIN)
+
+
+def encode_parts(type_: pa.DataType, parts: Iterable[pa.Array], compress: bool = True) -> pa.Buffer:
+    """The arrays ``parts`` (of ``type_``, taken one at a time: a generator's items are
+    freed as soon as written) as one chunk, a batch each: a merge writes a column of its
+    inputs without concatenating them first, which took ~2.5x the column's memory at the
+    end of a 5M-event ingest (a 1.2M-row text column). :func:`decode` joins them."""
+    schema = pa.schema([("v", type_)])
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=_COMPRESSED if arr.nbytes >= COMPRESS_MIN else _PLAIN) as w:
-        w.write_batch(batch)
+    with pa.ipc.new_stream(sink, schema, options=_COMPRESSED if compress else _PLAIN) as w:
+        for arr in parts:
+            w.write_batch(pa.record_batch([arr], schema=schema))
     return sink.getvalue()
 
 

@@ -17,7 +17,6 @@ import weakref
 from typing import TYPE_CHECKING, Callable
 
 import orjson
-import pyarrow as pa
 from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import columns, keys, segfile
@@ -232,15 +231,16 @@ class Maintenance:
             keeps.append(keep_mask(v.seg.live, v.deleted) if v.deleted else None)
         colkeys = sorted(set().union(*(v.seg.column_keys for v in run)))
 
+        def parts(ck: bytes):
+            for v, keep in zip(run, keeps):  # one input's column decoded at a time
+                arr = v.seg.file.column(ck)
+                if arr is None:
+                    arr = columns.nulls(ck[-1], len(v.seg.live))
+                yield arr.filter(keep) if keep is not None else arr
+
         def column_chunks():
             for ck in colkeys:
-                parts = []
-                for v, keep in zip(run, keeps):
-                    arr = v.seg.file.column(ck)
-                    if arr is None:
-                        arr = columns.nulls(ck[-1], len(v.seg.live))
-                    parts.append(arr.filter(keep) if keep is not None else arr)
-                yield ck, columns.encode(pa.concat_arrays(parts))
+                yield ck, columns.encode_parts(columns.arrow_type(ck[-1]), parts(ck))
 
         # postings streamed from the inputs' blocks (the k-way merge drops deleted rows)
         file = segfile.write_segment(shard.segments_dir, segid, base, n, FrozenBitMap(live),

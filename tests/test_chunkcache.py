@@ -73,3 +73,10 @@ def test_queries_read_sealed_columns_through_the_cache(tmp_path):
 def test_column_cache_bytes_must_be_a_non_negative_int(tmp_path):
     with pytest.raises(ValueError, match="column_cache_bytes"):
         rtindex.open(str(tmp_path / "db"), column_cache_bytes=-1)
+
+
+def test_a_chunk_written_in_parts_reads_as_their_concatenation():
+    parts = [pa.array([f"v{i}" for i in range(n)], pa.large_string()) for n in (3000, 0, 1, 5000)]
+    data = columns.encode_parts(pa.large_string(), iter(parts))
+    assert columns.decode(data).equals(pa.concat_arrays(parts))
+    assert columns.decode(columns.encode_parts(pa.int64(), [])).equals(pa.array([], pa.int64()))
