@@ -22,12 +22,12 @@ from typing import Any
 import orjson
 
 from rtindex.background import Worker
+from rtindex.chunkcache import ChunkCache
 from rtindex.collection import Collection
 from rtindex.documents import Limits
 from rtindex.fence import Fence
 from rtindex.follower import Follower
 from rtindex.result import Result
-from rtindex.chunkcache import ChunkCache
 from rtindex.rowcache import RowStoreCache
 from rtindex.sql.engine import Plan, SqlEngine
 from rtindex.sql.parse import DEFAULT_WORKSPACE, collection_name

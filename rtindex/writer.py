@@ -48,8 +48,8 @@ LOG_TRIM_EVERY = 256
 
 class ShardWriter(Shard):
     def __init__(self, path: str, index: int, config: ShardConfig, sealer: Worker, merger: Worker,
-                 row_cache: RowStoreCache, column_cache: ChunkCache, *, create: bool = False, sync: bool = False, block_cache=None,
-                 write_buffers=None):
+                 row_cache: RowStoreCache, column_cache: ChunkCache, *, create: bool = False, sync: bool = False,
+                 block_cache=None, write_buffers=None):
         super().__init__(path, index, config, row_cache, column_cache)
         self.store = Store(path, create=create, sync=sync, block_cache=block_cache, write_buffers=write_buffers)
         self._write_lock = threading.RLock()  # one writer at a time; publishes states
@@ -206,7 +206,6 @@ class ShardWriter(Shard):
             next_row = state.next_row_id
             self._broken_builder = True  # until the write below succeeded
             items = self._index_docs(builder, items, serialize, errors)
-            offsets = [it[4] for it in items]
             put = wb.put
             for (idx, id_key, doc, raw, off), prev_raw in zip(items, old):
                 if off < 0:
