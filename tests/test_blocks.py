@@ -92,9 +92,19 @@ def build(M, entries, target=16384, as_bitmap=()):
     return out
 
 
-def v1_blocks(entries, target=16384):
-    """Format 1 blocks of sorted ``(term, offsets)`` pairs, as writers made them before
-    format 2 (layout in rtindex/_py/blocks.py): segment files written then must still read."""
+def old_posting(vals):
+    """(kind, posting) as formats 1 and 2 stored a set: raw uint32 offsets, or roaring when
+    ``4 + serialized < 4k``."""
+    if len(vals) >= 64:
+        ser = BitMap(vals).serialize()
+        if 4 + len(ser) < 4 * len(vals):
+            return 1, struct.pack("<I", len(vals)) + ser
+    return 0, struct.pack(f"<{len(vals)}I", *vals)
+
+
+def old_blocks(entries, target=16384, fmt=1):
+    """Format 1 or 2 blocks of sorted ``(term, offsets)`` pairs, as writers made them before
+    format 3 (layouts in rtindex/_py/blocks.py): segment files written then must still read."""
     out, pending = [], []
 
     def flush():
@@ -103,17 +113,28 @@ def v1_blocks(entries, target=16384):
         for _, entry in pending:
             offs.append(offs[-1] + len(entry))
         table = struct.pack(f"<{len(pending) + 2}I", len(pending), *offs)
-        out.append((pending[0][0], b"RTB\x01" + table + b"".join(e for _, e in pending)))
+        out.append((pending[0][0], b"RTB" + bytes([fmt]) + table + b"".join(e for _, e in pending)))
         pending.clear()
 
     for t, vals in entries:
-        kind, post = P._encode(array("I", vals))
-        pending.append((t, struct.pack("<I", len(t) | kind << 30) + t + post))
+        kind, post = old_posting(vals)
+        if fmt == 1:
+            pending.append((t, struct.pack("<I", len(t) | kind << 30) + t + post))
+        else:
+            shared = P._shared_len(pending[0][0], t) if pending else 0
+            head = P._varint(shared) + P._varint((len(t) - shared) << 1 | kind)
+            pending.append((t, head + t[shared:] + post))
         if 12 + 4 * len(pending) + sum(len(e) for _, e in pending) >= target:
             flush()
     if pending:
         flush()
     return out
+
+
+def offsets(block):
+    """The offsets table of a format 3 block."""
+    n, width = struct.unpack_from("<IB", block, 4)
+    return struct.unpack_from(f"<{n + 1}{'H' if width == 2 else 'I'}", block, 9)
 
 
 def find_block(blocks, term):
@@ -149,10 +170,10 @@ def test_writer_matches_reference_bytes(entries, target, data):
         if i < len(blocks_c) - 1:
             assert len(block) >= target
         # a block is emitted as soon as it reaches the target: without its last entry it was smaller
-        n = struct.unpack_from("<I", block, 4)[0]
-        off = struct.unpack_from(f"<{n + 1}I", block, 8)
-        last_entry = off[n] - off[n - 1]
-        assert n == 1 or len(block) - 4 - last_entry < target
+        off = offsets(block)
+        n = len(off) - 1
+        assert block[8] == (2 if len(block) <= 0xFFFF else 4)
+        assert n == 1 or P._block_size(n - 1, off[n - 1] - off[0]) < target
 
 
 @impls
@@ -344,21 +365,74 @@ def test_format_is_pinned():
         assert w.add(b"key:b", array("I", [1, 2])) is None
         assert w.add(b"kz", array("I", range(100))) is None
         first, block = w.finish()
-        entry_a = bytes([0, 5 << 1]) + b"key:a" + struct.pack("<I", 5)  # shared 0, 5 bytes, raw
-        entry_b = bytes([4, 1 << 1]) + b"b" + struct.pack("<II", 1, 2)  # "key:" + "b"
+        entry_a = bytes([0, 5 << 1]) + b"key:a" + bytes([5])  # shared 0, 5 bytes, raw: varint 5
+        entry_b = bytes([4, 1 << 1]) + b"b" + bytes([1, 0])  # "key:" + "b"; 1, then gap 1 - 1
         entry_z = bytes([1, 1 << 1 | 1]) + b"z" + struct.pack("<I", 100) + BitMap(range(100)).serialize()
-        table_end = 12 + 4 * 3
+        table_end = 9 + 2 * 4
         ends = list(itertools.accumulate([len(entry_a), len(entry_b), len(entry_z)], initial=table_end))
-        want = b"RTB\x02" + struct.pack("<5I", 3, *ends) + entry_a + entry_b + entry_z
+        want = b"RTB\x03" + struct.pack("<IB4H", 3, 2, *ends) + entry_a + entry_b + entry_z
         assert (first, block) == (b"key:a", want)
         assert w.finish() is None
         # a long shared prefix and a long suffix take two-byte varints
         w.add(b"p" * 200, array("I", [1]))
         w.add(b"p" * 130 + b"q" * 150, array("I", [2]))
         block = w.finish()[1]
-        assert block[20:223] == bytes([0, 0x90, 0x03]) + b"p" * 200  # shared 0, tail 200 << 1 = 400
-        second = struct.unpack_from("<I", block, 12)[0]
+        assert block[15:218] == bytes([0, 0x90, 0x03]) + b"p" * 200  # shared 0, tail 200 << 1 = 400
+        second = offsets(block)[1]
         assert block[second:second + 154] == bytes([0x82, 0x01, 0xAC, 0x02]) + b"q" * 150  # 130, 150 << 1
+
+
+@impls
+@pytest.mark.parametrize("vals, raw", [
+    ([0], [0]),
+    ([MAXU], [0xFF, 0xFF, 0xFF, 0xFF, 0x0F]),  # 5 bytes, the longest
+    ([0, 1, 2, 3], [0, 0, 0, 0]),  # gaps of 1 store 0
+    ([127, 255, 384], [0x7F, 0x7F, 0x80, 0x01]),  # gap 128 stores 127 (1 byte), 129 stores 128 (2)
+    ([128], [0x80, 0x01]),
+    ([0, MAXU], [0, 0xFE, 0xFF, 0xFF, 0xFF, 0x0F]),  # the largest gap
+    ([2**14 - 1, 2**21 + 2**14 - 1], [0xFF, 0x7F, 0xFF, 0xFF, 0x7F]),
+])
+def test_raw_varints_are_pinned(M, vals, raw):
+    """A raw posting is the varint of its first offset, then of each gap minus 1, to the end."""
+    w = M.BlockWriter()
+    w.add(b"t", array("I", vals))
+    _, block = w.finish()
+    assert block[offsets(block)[0]:] == bytes([0, 1 << 1]) + b"t" + bytes(raw)
+    assert M.block_get(block, b"t") == BitMap(vals)
+    assert M.block_cardinality(block, b"t") == len(vals)
+    assert list(M.merge_blocks([([block], 0, None)])) == [(b"t", block)]
+
+
+@impls
+def test_offsets_table_width(M):
+    """The offsets table takes 2 bytes an offset while the block's size fits in 16 bits, 4 from
+    65536 bytes on (a huge entry, or a huge target)."""
+
+    def block_of(term_len, n=1, impl=M):
+        w = impl.BlockWriter(1 << 20)
+        for i in range(n):
+            w.add(b"%04d" % i + b"x" * term_len, array("I", [i]))
+        block = w.finish()[1]
+        if impl is not P:  # the compiled writer writes the reference's bytes
+            assert block == block_of(term_len, n, P)
+        return block
+
+    # header 9, table 2 * 2, entry: shared, tail, the 4-byte term, offset 0
+    assert len(block_of(0)) == 9 + 4 + (1 + 1 + 4 + 1) and block_of(0)[8] == 2
+    for size in (0xFFFE, 0xFFFF, 0x10000, 0x10001):
+        term_len = size - 22  # the tail varint takes 3 bytes (2 ** 14 <= 2 * (4 + term_len) < 2 ** 21)
+        block = block_of(term_len)
+        # at 0xFFFF and below a 2-byte table; else 4 bytes an offset, 4 more bytes in all
+        assert len(block) == (size if size <= 0xFFFF else size + 4)
+        assert block[8] == (2 if len(block) <= 0xFFFF else 4)
+        assert offsets(block) == (13 if block[8] == 2 else 17, len(block))
+        assert M.block_items(block) == [(b"0000" + b"x" * term_len, BitMap([0]))]
+    many = block_of(20, n=3000)  # many entries past 64 KiB
+    assert many[8] == 4 and len(offsets(many)) == 3001
+    assert M.block_get(many, b"2999" + b"x" * 20) == BitMap([2999])
+    assert list(M.merge_blocks([([many], 0, None)], 1 << 20)) == [(b"0000" + b"x" * 20, many)]
+    halves = list(M.merge_blocks([([many], 0, None)], len(many) // 2))  # 2-byte tables again
+    assert [b[8] for _, b in halves] == [2, 2] and sum(len(M.block_items(b)) for _, b in halves) == 3000
 
 
 V1_PINNED = (  # the pinned block of format 1 (what test_format_is_pinned checked before format 2)
@@ -368,6 +442,24 @@ V1_PINNED = (  # the pinned block of format 1 (what test_format_is_pinned checke
     + struct.pack("<I", 1) + b"a" + struct.pack("<I", 5)
     + struct.pack("<I", 1) + b"b" + struct.pack("<II", 1, 2)
 )
+V2_PINNED = (  # the pinned block of format 2 (what test_format_is_pinned checked before format 3)
+    b"RTB\x02"
+    + struct.pack("<I", 2)
+    + struct.pack("<III", 20, 31, 38)
+    + bytes([0, 5 << 1]) + b"key:a" + struct.pack("<I", 5)
+    + bytes([4, 1 << 1]) + b"b" + struct.pack("<I", 7)
+)
+
+
+@impls
+def test_format_2_still_reads(M):
+    """Segment files written before format 3 hold format 2 blocks: every reader takes them."""
+    assert M.block_items(V2_PINNED) == [(b"key:a", BitMap([5])), (b"key:b", BitMap([7]))]
+    assert M.block_get(V2_PINNED, b"key:b") == BitMap([7]) and M.block_get(V2_PINNED, b"key:c") is None
+    assert M.block_cardinality(V2_PINNED, b"key:a") == 1
+    assert M.block_first_last(V2_PINNED) == (b"key:a", b"key:b")
+    merged = list(M.merge_blocks([([V2_PINNED], 0, None)]))
+    assert merged == build(M, [(b"key:a", [5]), (b"key:b", [7])])  # a merge writes format 3
 
 
 @impls
@@ -379,15 +471,16 @@ def test_format_1_still_reads(M):
     assert M.block_first_last(V1_PINNED) == (b"a", b"b")
     assert M.TermIndex(V1_PINNED, [b"a"], [(0, len(V1_PINNED))]).get(b"a") == BitMap([5])
     merged = list(M.merge_blocks([([V1_PINNED], 0, None)]))
-    assert merged == build(M, [(b"a", [5]), (b"b", [1, 2])])  # a merge writes format 2
+    assert merged == build(M, [(b"a", [5]), (b"b", [1, 2])])  # a merge writes format 3
 
 
 @impls
 @SETTINGS
-@given(entries=entries_st(), target=targets_st, probes=st.lists(terms_st, max_size=10), data=st.data())
-def test_format_1_reads_as_format_2(M, entries, target, probes, data):
-    """Every read of a format 1 block answers as the format 2 block of the same entries."""
-    old, new = v1_blocks(entries, target), build(M, entries, target)
+@given(entries=entries_st(), target=targets_st, probes=st.lists(terms_st, max_size=10), data=st.data(),
+       fmt=st.sampled_from([1, 2]))
+def test_old_formats_read_as_format_3(M, entries, target, probes, data, fmt):
+    """Every read of a format 1 or 2 block answers as the format 3 block of the same entries."""
+    old, new = old_blocks(entries, target, fmt), build(M, entries, target)
     assert [item for _, b in old for item in M.block_items(b)] == [(t, BitMap(v)) for t, v in entries]
     for first, block in old:
         assert M.block_first_last(block) == (first, M.block_items(block)[-1][0])
@@ -418,33 +511,42 @@ def test_format_1_reads_as_format_2(M, entries, target, probes, data):
 @given(prefix=st.binary(min_size=4, max_size=40), suffixes=st.lists(st.binary(max_size=6), min_size=2,
                                                                     max_size=50, unique=True))
 def test_shared_prefixes_are_stored_once(M, prefix, suffixes):
-    """Terms that share a prefix with the block's first term store only the rest: the
-    block is smaller than its format 1 twin by the shared bytes (and 2 bytes of head each)."""
+    """Terms that share a prefix with the block's first term store only the rest: each entry
+    is two one-byte varints, its suffix and its posting (one offset < 128: one byte)."""
     entries = [(prefix + x, [i]) for i, x in enumerate(sorted(suffixes))]
-    (_, old), = v1_blocks(entries)
+    (_, old), = old_blocks(entries)
     (_, new), = build(M, entries)
     assert M.block_items(new) == M.block_items(old)
-    # a format 1 head is 4 bytes; these terms take two one-byte varints and their suffix
     first = entries[0][0]
-    assert len(new) == len(old) - 2 - sum(2 + P._shared_len(first, t) for t, _ in entries[1:])
+    suffixes = [len(t) - (P._shared_len(first, t) if i else 0) for i, (t, _) in enumerate(entries)]
+    assert len(new) == 9 + 2 * (len(entries) + 1) + sum(2 + n + 1 for n in suffixes)
 
 
 @impls
 def test_encoding_choice(M):
-    """Roaring for dense sets of >= 64 offsets, raw below 64 or when raw is smaller."""
+    """Roaring for sets of >= 64 offsets whose bitmap is smaller than their varints, raw below
+    64 or when raw is smaller."""
 
     def kind_of(vals):
         w = M.BlockWriter()
         w.add(b"t", array("I", vals))
         block = w.finish()[1]
-        assert block[16:19] == bytes([0, 1 << 1 | (block[17] & 1)]) + b"t"  # shared 0, tail, term
-        return block[17] & 1
+        assert block[13:16] == bytes([0, 1 << 1 | (block[14] & 1)]) + b"t"  # shared 0, tail, term
+        assert M.block_get(block, b"t") == BitMap(vals)
+        return block[14] & 1
 
     assert kind_of(list(range(63))) == 0
-    assert kind_of(list(range(64))) == 1
+    assert kind_of(list(range(64))) == 1  # one run
     assert kind_of(list(range(0, 64 * 2**16, 2**16))) == 0  # one value per 64K chunk
     assert kind_of(list(range(5000))) == 1
     assert kind_of([MAXU]) == 0
+    # gaps below 128 take a byte each raw, 2 in a roaring array: raw (in uint32, roaring won)
+    assert kind_of(list(range(0, 200, 2))) == 0
+    assert kind_of(list(range(0, 40000, 5))) == 0  # 8000 bytes raw, an 8 KiB bitset roaring
+    assert kind_of(list(range(0, 60000, 5))) == 1  # 12000 raw: the bitset wins
+    # the choice is exact: 4 + len(serialized) against the varints' bytes
+    vals = [0] + list(range(2, 256, 2))
+    assert kind_of(vals) == (1 if 4 + len(BitMap(vals).serialize()) < len(P._raw_bytes(array("I", vals))) else 0)
 
 
 @impls
@@ -694,14 +796,51 @@ def header_like(draw):
     return draw(st.sampled_from([b"RTB\x01", b"RTB\x02"])) + struct.pack(f"<{n + 2}I", n, *table) + body
 
 
+@st.composite
+def header_like_3(draw):
+    """Random bytes behind a plausible format 3 header (either offset width)."""
+    n = draw(st.integers(1, 6))
+    width = draw(st.sampled_from([2, 4, 2, 3]))
+    body = draw(st.binary(max_size=120))
+    size = 9 + max(width, 2) * (n + 1) + len(body)
+    offs = draw(st.lists(st.integers(0, size + 8), min_size=n - 1, max_size=n - 1))
+    table = [9 + max(width, 2) * (n + 1)] + offs + [size]
+    return b"RTB\x03" + struct.pack(f"<IB{n + 1}{'I' if width == 4 else 'H'}", n, width, *table) + body
+
+
 @SETTINGS
-@given(block=header_like(), term=terms_st)
+@given(block=header_like() | header_like_3(), term=terms_st)
 def test_random_entries(block, term):
     check_same(block, term)
 
 
+@st.composite
+def raw_entry_block(draw):
+    """A format 3 block of one term whose raw posting is random bytes (bad varints, overflows)."""
+    posting = draw(st.binary(min_size=1, max_size=12)
+                   | st.lists(st.sampled_from([b"\xff\xff\xff\xff\x0f", b"\x80", b"\x00", b"\x7f",
+                                               b"\xff\xff\xff\xff\x10", b"\x80\x80\x80\x80\x80\x01"]),
+                              min_size=1, max_size=4).map(b"".join))
+    entry = bytes([0, 1 << 1]) + b"t" + posting
+    return b"RTB\x03" + struct.pack("<IBHH", 1, 2, 13, 13 + len(entry)) + entry
+
+
+@SETTINGS
+@given(block=raw_entry_block(), term=st.sampled_from([b"t", b"s", b"u"]))
+def test_random_raw_postings(block, term):
+    """A raw posting that is not varints of increasing uint32 offsets is corrupt, alike in
+    both implementations (the cardinality reads no more than the varints' last bytes)."""
+    results = check_same(block, term)
+    try:
+        want = P._Block(block).raw(16, len(block))
+    except CorruptionError:
+        return
+    assert results[0] == (("ok", BitMap(want)) if term == b"t" else ("ok", None))
+
+
 def sample_blocks():
-    """Format 2 blocks (random terms, then terms sharing a long prefix), then format 1 ones."""
+    """Format 3 blocks (random terms, then terms sharing a long prefix), then format 2 and
+    format 1 ones."""
     rnd = random.Random(11)
     vals = [[1], [3, 9], list(range(100, 400)), list(range(0, 2**24, 2**16 + 1))[:80], [MAXU]]
 
@@ -710,7 +849,8 @@ def sample_blocks():
         return [(t, vals[i % len(vals)]) for i, t in enumerate(terms)]
 
     plain, keyed = pairs(b"", 40), pairs(PREFIXES[1], 30)
-    return [b for _, b in build(P, plain, 200) + build(P, keyed, 200) + v1_blocks(plain, 200)]
+    return [b for _, b in build(P, plain, 200) + build(P, keyed, 200) + old_blocks(keyed, 200, 2)
+            + old_blocks(plain, 200)]
 
 
 SAMPLES = sample_blocks()
@@ -760,6 +900,6 @@ def test_surely_raw_is_only_a_shortcut(vals):
     """The quick 'raw wins' test never contradicts the rule it short-cuts."""
     a = array("I", vals)
     if P._surely_raw(a) and len(a) >= 64:
-        assert 4 + len(BitMap(a).serialize()) >= 4 * len(a)
+        assert 4 + len(BitMap(a).serialize()) >= len(P._raw_bytes(a)) == P._raw_size(a)
     if C is not None:
         assert C._test_surely_raw(a) == P._surely_raw(a)

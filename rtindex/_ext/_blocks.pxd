@@ -30,35 +30,39 @@ cdef extern from *:
     #endif
         memcpy(p, &v, 4);
     }
-    static inline void rtb_st32s(unsigned char *p, const uint32_t *v, Py_ssize_t k) {
-    #if RTB_BIG_ENDIAN
-        Py_ssize_t i;
-        for (i = 0; i < k; i++) rtb_st32(p + 4 * i, v[i]);
-    #else
-        memcpy(p, v, (size_t)k * 4);
-    #endif
+    static inline uint32_t rtb_ld16(const unsigned char *p) {
+        return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    }
+    static inline void rtb_st16(unsigned char *p, uint32_t v) {
+        p[0] = (unsigned char)v;
+        p[1] = (unsigned char)(v >> 8);
     }
     """
     uint32_t rtb_ld32(const unsigned char* p) noexcept nogil
     void rtb_st32(unsigned char* p, uint32_t v) noexcept nogil
-    void rtb_st32s(unsigned char* p, const uint32_t* v, Py_ssize_t k) noexcept nogil
+    uint32_t rtb_ld16(const unsigned char* p) noexcept nogil
+    void rtb_st16(unsigned char* p, uint32_t v) noexcept nogil
 
 
 cdef enum:
-    RAW = 0                     # entry kind: raw little-endian offsets
+    RAW = 0                     # entry kind: raw offsets (format 3: varint gaps; before: uint32)
     ROARING = 1                 # entry kind: cardinality + BitMap.serialize()
     RAW_MAX = 64                # a set of fewer offsets is always stored raw
     MAX_TERM = 0x3FFFFFFF       # longest term
     MAX_HEAD = 10               # longest entry head: two varints of at most 5 bytes
+    MAX_VARINT = 5              # longest varint (of a uint32)
+    HEADER = 9                  # format 3 header: magic, u32 n, u8 offset width
 
 
 cdef struct BlockView:
     const unsigned char* p      # first byte of the block (a buffer held elsewhere)
     Py_ssize_t size             # block length in bytes
     uint32_t n                  # entry count, >= 1
-    Py_ssize_t table_end        # first byte after the offsets table (12 + 4n)
-    bint v2                     # format 2 (front-coded terms); else format 1
-    const unsigned char* first  # format 2: the first term, which entries share a prefix of
+    int fmt                     # format: 3 (varint raw postings), 2 (front-coded terms) or 1
+    Py_ssize_t table            # first byte of the offsets table (9 in format 3, else 8)
+    int width                   # bytes an offset takes in the table: 2 or 4
+    Py_ssize_t table_end        # first byte after the offsets table
+    const unsigned char* first  # formats 2, 3: the first term, which entries share a prefix of
     Py_ssize_t first_len        # its length (0 in format 1: no entry shares anything)
 
 
@@ -68,7 +72,8 @@ cdef struct Entry:
     Py_ssize_t tlen             # length of the rest: the term is pre + tlen bytes
     int kind                    # RAW (0) or ROARING (1)
     Py_ssize_t ps               # posting start
-    Py_ssize_t plen             # posting length in bytes (raw: 4 per offset; roaring: 4 + serialized)
+    Py_ssize_t plen             # posting length in bytes (raw: varints, or 4 per offset before
+                                # format 3; roaring: 4 + serialized)
 
 
 cdef struct WState:
@@ -140,15 +145,24 @@ cdef list _blockout_list(const BlockOut* out)
 cdef void _blockout_free(BlockOut* out) noexcept nogil
 
 
+cdef inline Py_ssize_t _block_size(Py_ssize_t n, Py_ssize_t data_len) noexcept nogil:
+    """Size of a block of ``n`` entries of ``data_len`` bytes: header + offsets table (2
+    bytes an offset when every offset fits in 16 bits, else 4) + entries."""
+    cdef Py_ssize_t size = HEADER + 2 * (n + 1) + data_len
+    if size <= 0xFFFF:
+        return size
+    return HEADER + 4 * (n + 1) + data_len
+
+
 cdef inline Py_ssize_t _w_size(const WState* w) noexcept nogil:
-    """Size of the pending block: header + offsets table + entries."""
-    return 12 + 4 * w.n + w.data_len
+    """Size of the pending block."""
+    return _block_size(w.n, w.data_len)
 
 
 cdef inline Py_ssize_t _w_entry_size(Py_ssize_t tlen, Py_ssize_t k, Py_ssize_t ser_len) noexcept nogil:
-    """At most the bytes of one entry (what to reserve; the shared prefix makes it smaller):
-    raw (``ser_len < 0``) or roaring (``ser_len`` serialized bytes)."""
-    return MAX_HEAD + tlen + (4 * k if ser_len < 0 else 4 + ser_len)
+    """At most the bytes of one entry (what to reserve; the shared prefix and small gaps make
+    it smaller): raw (``ser_len < 0``) or roaring (``ser_len`` serialized bytes)."""
+    return MAX_HEAD + tlen + (MAX_VARINT * k if ser_len < 0 else 4 + ser_len)
 
 
 cdef class BlockWriter:

@@ -1,8 +1,9 @@
 """Term-dictionary blocks of sealed segments (compiled); ``rtindex/_py/blocks.py`` is the oracle.
 
-The block format (format 2: terms front-coded against the block's first term; format 1
-blocks of older segment files are still read), the encoding rule (raw uint32 or roaring,
-decided by the set alone) and the lookup guarantees are documented once, in the reference
+The block format (format 3: terms front-coded against the block's first term, raw postings
+as varint gaps, a 16-bit offsets table when the block allows; blocks of formats 1 and 2 in
+older segment files are still read), the encoding rule (raw or roaring, decided by the set
+alone) and the lookup guarantees are documented once, in the reference
 module's docstring; this module produces the same bytes and raises the same errors
 (tests/test_blocks.py compares them).
 
@@ -30,8 +31,8 @@ from pyroaring import AbstractBitMap, BitMap
 
 from rtindex.errors import CorruptionError
 
-# rtb_ld32 / rtb_st32 / rtb_st32s and the RAW / ROARING / RAW_MAX / MAX_TERM constants are
-# declared in _blocks.pxd (shared with rtindex._ext._segment).
+# rtb_ld16 / rtb_ld32 / rtb_st16 / rtb_st32 and the RAW / ROARING / RAW_MAX / MAX_TERM / HEADER
+# constants are declared in _blocks.pxd (shared with rtindex._ext._segment).
 
 __all__ = [
     "BlockWriter",
@@ -46,7 +47,8 @@ __all__ = [
     "merge_blocks",
 ]
 
-cdef uint32_t MAGIC = 0x02425452    # b"RTB\x02" read as a little-endian uint32: what writers write
+cdef uint32_t MAGIC = 0x03425452    # b"RTB\x03" read as a little-endian uint32: what writers write
+cdef uint32_t MAGIC_V2 = 0x02425452 # b"RTB\x02": format 2, still read
 cdef uint32_t MAGIC_V1 = 0x01425452 # b"RTB\x01": format 1, still read
 cdef uint64_t MAXU32 = 0xFFFFFFFF
 cdef Py_ssize_t NOGIL_MIN = 4096    # release the GIL for runs of at least this many offsets
@@ -229,12 +231,12 @@ cdef bint _surely_raw(const uint32_t* v, Py_ssize_t k) noexcept nogil:
 
     A lower bound of the portable roaring size: 4 bytes + 8 per 64K chunk (4 with fewer than
     4 chunks) + per chunk the smallest container payload (array 2/value, run 2 + 4/run,
-    bitset 8192). Raw wins when ``4 + bound >= 4k``. A shortcut only: it never changes which
-    encoding is chosen (``_py/blocks.py`` has the same function).
+    bitset 8192). Raw wins when ``4 + bound >= _raw_size``. A shortcut only: it never changes
+    which encoding is chosen (``_py/blocks.py`` has the same function).
     """
-    cdef Py_ssize_t i = 0, chunks = 0, card, runs, payload = 0, pmin
+    cdef Py_ssize_t i = 0, chunks = 0, card, runs, payload = 0, pmin, raw = 0
     cdef uint32_t hi
-    cdef int64_t prev
+    cdef int64_t prev, last = -1
     if k < RAW_MAX:
         return True
     while i < k:
@@ -246,6 +248,8 @@ cdef bint _surely_raw(const uint32_t* v, Py_ssize_t k) noexcept nogil:
             if v[i] != prev + 1:
                 runs += 1
             prev = v[i]
+            raw += _varint_len(<uint64_t>(v[i] - last - 1))
+            last = v[i]
             card += 1
             i += 1
         pmin = 2 * card
@@ -255,23 +259,69 @@ cdef bint _surely_raw(const uint32_t* v, Py_ssize_t k) noexcept nogil:
             pmin = 8192
         payload += pmin
         chunks += 1
-    return 4 + 4 + (8 if chunks >= 4 else 4) * chunks + payload >= 4 * k
+    return 4 + 4 + (8 if chunks >= 4 else 4) * chunks + payload >= raw
 
 
-cdef int _load_raw(const unsigned char* p, uint32_t* out, Py_ssize_t k) noexcept nogil:
-    """Decode ``k`` little-endian offsets; -1 unless strictly increasing."""
-    cdef Py_ssize_t i
+cdef inline Py_ssize_t _varint_len(uint64_t x) noexcept nogil:
+    """Bytes of the varint of ``x < 2**35``."""
+    return 1 + (x >= 1 << 7) + (x >= 1 << 14) + (x >= 1 << 21) + (x >= 1 << 28)
+
+
+cdef Py_ssize_t _raw_size(const uint32_t* v, Py_ssize_t k) noexcept nogil:
+    """Bytes of the raw posting of ``v[:k]``: the varints of the first offset and the gaps - 1."""
+    cdef Py_ssize_t i, size = 0
     cdef int64_t prev = -1
-    cdef uint32_t v
     for i in range(k):
-        v = rtb_ld32(p + 4 * i)
-        if v <= prev:
-            return -1
-        prev = v
-        out[i] = v
-    return 0
+        size += _varint_len(<uint64_t>(v[i] - prev - 1))
+        prev = v[i]
+    return size
 
 
+cdef inline Py_ssize_t _raw_bound(const BlockView* v, const Entry* e) noexcept nogil:
+    """At least the number of offsets of raw entry ``e`` (exact before format 3)."""
+    return e.plen if v.fmt == 3 else e.plen >> 2
+
+
+cdef Py_ssize_t _load_raw(const BlockView* v, const Entry* e, uint32_t* out) noexcept nogil:
+    """Decode raw entry ``e`` into ``out`` (room for ``_raw_bound`` offsets): how many, or
+    -1 when they are not strictly increasing, -4 when one passes 2**32 - 1 (format 3), -3
+    when a varint is malformed."""
+    cdef const unsigned char* p = v.p
+    cdef Py_ssize_t i, k = 0
+    cdef int64_t prev = -1, pos = e.ps, end = e.ps + e.plen
+    cdef uint64_t g, x
+    cdef uint32_t y
+    if v.fmt < 3:
+        k = e.plen >> 2
+        for i in range(k):
+            y = rtb_ld32(p + pos + 4 * i)
+            if y <= prev:
+                return -1
+            prev = y
+            out[i] = y
+        return k
+    x = <uint64_t>-1  # the offset before the first, as the first gap counts from -1
+    while pos < end:
+        pos = _get_varint(p, pos, end, &g)
+        if pos < 0:
+            return -3
+        x += g + 1
+        if x > MAXU32:
+            return -4
+        out[k] = <uint32_t>x
+        k += 1
+    return k
+
+
+
+
+cdef int _raise_raw(Py_ssize_t rc) except -1:
+    """Raise for a negative result of ``_load_raw``."""
+    if rc == -3:
+        raise CorruptionError("term block posting is malformed")
+    if rc == -4:
+        raise CorruptionError("term block posting has an offset past 2**32 - 1")
+    raise CorruptionError("term block posting is not strictly increasing")
 
 
 cdef inline int _check_term(object term) except -1:
@@ -311,40 +361,56 @@ cdef int _open_at(const unsigned char* p, Py_ssize_t size, BlockView* v) except 
     if size < 12:
         raise CorruptionError(f"term block of {size} bytes is too short")
     magic = rtb_ld32(p)
-    if magic != MAGIC and magic != MAGIC_V1:
+    if magic == MAGIC:
+        v.fmt = 3
+        v.table = HEADER
+        v.width = p[8]
+        if v.width != 2 and v.width != 4:
+            raise CorruptionError(f"term block has a bad offset width {v.width}")
+    elif magic == MAGIC_V2 or magic == MAGIC_V1:
+        v.fmt = 2 if magic == MAGIC_V2 else 1
+        v.table = 8
+        v.width = 4
+    else:
         raise CorruptionError(f"term block has a bad magic number {PyBytes_FromStringAndSize(<const char*>p, 4)!r}")
     n = rtb_ld32(p + 4)
     if n == 0:
         raise CorruptionError("term block has no entries")
-    table_end = 12 + 4 * <int64_t>n
+    table_end = v.table + v.width * (<int64_t>n + 1)
     if table_end > size:
         raise CorruptionError(f"term block of {size} bytes cannot hold {n} entries")
-    if rtb_ld32(p + 8) != table_end or rtb_ld32(p + 8 + 4 * <Py_ssize_t>n) != size:
-        raise CorruptionError("term block offsets table does not match its size")
     v.p = p
-    v.size = size
     v.n = n
+    if _off(v, 0) != table_end or _off(v, n) != size:
+        raise CorruptionError("term block offsets table does not match its size")
+    v.size = size
     v.table_end = <Py_ssize_t>table_end
-    v.v2 = magic == MAGIC
     v.first = p
     v.first_len = 0
-    if v.v2:  # every entry refers to the first term: check it now
+    if v.fmt > 1:  # every entry refers to the first term: check it now
         _entry_or_raise(v, 0, &e)
         v.first = p + e.ts
         v.first_len = e.tlen
     return 0
 
 
+cdef inline int64_t _off(const BlockView* v, uint32_t i) noexcept nogil:
+    """Offset ``i`` of the offsets table (``i <= v.n``)."""
+    if v.width == 2:
+        return rtb_ld16(v.p + v.table + 2 * <Py_ssize_t>i)
+    return rtb_ld32(v.p + v.table + 4 * <Py_ssize_t>i)
+
+
 cdef int _entry(const BlockView* v, uint32_t i, Entry* e) noexcept nogil:
     """Decode and check entry ``i < v.n``: 0, or -1 out of bounds, -2 malformed."""
     cdef const unsigned char* p = v.p
-    cdef int64_t s = rtb_ld32(p + 8 + 4 * <Py_ssize_t>i)
-    cdef int64_t end = rtb_ld32(p + 12 + 4 * <Py_ssize_t>i)
+    cdef int64_t s = _off(v, i)
+    cdef int64_t end = _off(v, i + 1)
     cdef int64_t ts, tlen, plen
     cdef uint64_t shared, tail
     cdef uint32_t head
     cdef int kind
-    if v.v2:
+    if v.fmt > 1:
         if s < v.table_end or end > v.size or end < s:
             return -1
         ts = _get_varint(p, s, end, &shared)
@@ -364,7 +430,10 @@ cdef int _entry(const BlockView* v, uint32_t i, Entry* e) noexcept nogil:
         tlen = head & MAX_TERM
         kind = <int>(head >> 30)
     plen = end - ts - tlen
-    if kind > ROARING or plen < 4 or (kind == RAW and (plen & 3)) or (kind == ROARING and plen == 4):
+    if kind == RAW and v.fmt == 3:  # varints to the end: at least one, the last one ending
+        if plen < 1 or p[end - 1] >= 0x80:
+            return -2
+    elif kind > ROARING or plen < 4 or (kind == RAW and (plen & 3)) or (kind == ROARING and plen == 4):
         return -2
     e.pre = <Py_ssize_t>shared
     e.ts = <Py_ssize_t>ts
@@ -448,22 +517,30 @@ cdef object _bitmap(const BlockView* v, const Entry* e):
     cdef Py_ssize_t k
     cdef array.array arr
     cdef uint32_t card
-    cdef int rc
+    cdef uint32_t small[MAX_VARINT]
     cdef bytes ser
     if e.kind == RAW:
-        k = e.plen >> 2
-        if k == 1:  # most terms: BitMap() + add is twice as fast as BitMap(array)
-            bm = BitMap()
-            bm.add(rtb_ld32(v.p + e.ps))
-            return bm
+        k = _raw_bound(v, e)
+        if k <= MAX_VARINT:  # most terms have one offset: BitMap() + add is twice as fast as BitMap(array)
+            k = _load_raw(v, e, small)
+            if k < 0:
+                _raise_raw(k)
+            if k == 1:
+                bm = BitMap()
+                bm.add(small[0])
+                return bm
+            arr = array.clone(_U32, k, False)
+            memcpy(arr.data.as_uints, small, <size_t>k * 4)
+            return BitMap(arr, optimize=False)
         arr = array.clone(_U32, k, False)
         if k >= NOGIL_MIN:
             with nogil:
-                rc = _load_raw(v.p + e.ps, arr.data.as_uints, k)
+                k = _load_raw(v, e, arr.data.as_uints)
         else:
-            rc = _load_raw(v.p + e.ps, arr.data.as_uints, k)
-        if rc < 0:
-            raise CorruptionError("term block posting is not strictly increasing")
+            k = _load_raw(v, e, arr.data.as_uints)
+        if k < 0:
+            _raise_raw(k)
+        array.resize(arr, k)
         return BitMap(arr, optimize=False)
     card = rtb_ld32(v.p + e.ps)
     ser = PyBytes_FromStringAndSize(<const char*>(v.p + e.ps + 4), e.plen - 4)
@@ -731,6 +808,13 @@ def terms_get(list indexes, term):
     return out
 
 
+cdef Py_ssize_t _count_ends(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i, k = 0
+    for i in range(n):
+        k += p[i] < 0x80
+    return k
+
+
 def block_cardinality(block, term):
     """Length of ``term``'s posting list in ``block`` (0 when absent); builds no BitMap."""
     cdef BlockView v
@@ -741,6 +825,8 @@ def block_cardinality(block, term):
     _open(b, &v)
     if not _find(&v, <bytes>term, &e):
         return 0
+    if e.kind == RAW and v.fmt == 3:  # one varint ends at each byte below 0x80
+        return _count_ends(v.p + e.ps, e.plen)
     if e.kind == RAW:
         return e.plen >> 2
     card = rtb_ld32(v.p + e.ps)
@@ -860,14 +946,23 @@ cdef void _w_put(WState* w, const unsigned char* t1, Py_ssize_t l1, const unsign
         memcpy(q, t2 + (shared - l1), <size_t>(tlen - shared))
         q += tlen - shared
     if ser == NULL:
-        rtb_st32s(q, vals, k)
-        q += 4 * k
+        q = _put_raw(q, vals, k)
     else:
         rtb_st32(q, <uint32_t>k)
         memcpy(q + 4, ser, <size_t>ser_len)
         q += 4 + ser_len
     w.data_len = q - w.data
     w.n_terms += 1
+
+
+cdef unsigned char* _put_raw(unsigned char* q, const offset_t* vals, Py_ssize_t k) noexcept nogil:
+    """Write the raw posting of ``vals[:k]`` at ``q``; returns the byte after it."""
+    cdef Py_ssize_t i
+    cdef int64_t prev = -1
+    for i in range(k):
+        q = _put_varint(q, <uint64_t>(vals[i] - prev - 1))
+        prev = vals[i]
+    return q
 
 
 cdef void _w_entry_term(const WState* w, Py_ssize_t j, Entry* e) noexcept nogil:
@@ -883,12 +978,20 @@ cdef void _w_entry_term(const WState* w, Py_ssize_t j, Entry* e) noexcept nogil:
 
 cdef void _w_write_block(const WState* w, unsigned char* q) noexcept nogil:
     """Write the pending block (``_w_size(w)`` bytes, at most 4 GiB) to ``q``."""
-    cdef Py_ssize_t n = w.n, i, table_end = 12 + 4 * w.n
+    cdef Py_ssize_t n = w.n, i, size = _w_size(w)
+    cdef Py_ssize_t table_end = size - w.data_len
     rtb_st32(q, MAGIC)
     rtb_st32(q + 4, <uint32_t>n)
-    for i in range(n):
-        rtb_st32(q + 8 + 4 * i, <uint32_t>(table_end + w.starts[i]))
-    rtb_st32(q + 8 + 4 * n, <uint32_t>(table_end + w.data_len))
+    if size <= 0xFFFF:
+        q[8] = 2
+        for i in range(n):
+            rtb_st16(q + HEADER + 2 * i, <uint32_t>(table_end + w.starts[i]))
+        rtb_st16(q + HEADER + 2 * n, <uint32_t>size)
+    else:
+        q[8] = 4
+        for i in range(n):
+            rtb_st32(q + HEADER + 4 * i, <uint32_t>(table_end + w.starts[i]))
+        rtb_st32(q + HEADER + 4 * n, <uint32_t>size)
     memcpy(q + table_end, w.data, <size_t>w.data_len)
 
 
@@ -923,7 +1026,8 @@ cdef list _blockout_list(const BlockOut* out):
     cdef uint64_t shared, tail
     for i in range(out.n):
         p = out.data + start
-        table_end = rtb_ld32(p + 8)  # entry 0: varint 0, varint tail, the whole first term
+        # entry 0, at the first offset: varint 0, varint tail, the whole first term
+        table_end = rtb_ld16(p + HEADER) if p[8] == 2 else rtb_ld32(p + HEADER)
         pos = _get_varint(p, table_end, out.ends[i] - start, &shared)
         pos = _get_varint(p, pos, out.ends[i] - start, &tail)
         first = PyBytes_FromStringAndSize(<const char*>(p + pos), <Py_ssize_t>(tail >> 1))
@@ -955,7 +1059,8 @@ cdef bytes _roaring_or_none(const offset_t* vals, Py_ssize_t k, object arr):
 
 cdef bytes _roaring_ser(const offset_t* vals, Py_ssize_t k, object arr):
     """``_roaring_or_none`` for a posting that ``_surely_raw`` already turned down:
-    ``BitMap(vals[:k]).serialize()`` when ``4 + len(serialized) < 4k``, else None."""
+    ``BitMap(vals[:k]).serialize()`` when ``4 + len(serialized)`` is less than the raw
+    posting's size, else None."""
     cdef array.array a
     cdef bytes ser
     if arr is None:
@@ -963,7 +1068,7 @@ cdef bytes _roaring_ser(const offset_t* vals, Py_ssize_t k, object arr):
         memcpy(a.data.as_uints, vals, <size_t>k * 4)
         arr = a
     ser = BitMap(arr).serialize()
-    if 4 + PyBytes_GET_SIZE(ser) < 4 * k:
+    if 4 + PyBytes_GET_SIZE(ser) < _raw_size(vals, k):
         return ser
     return None
 
@@ -1109,21 +1214,18 @@ cdef inline bint _is_deleted(const CState* c, uint32_t v) noexcept nogil:
 
 
 cdef int _filter(const CState* c, offset_t* out, Py_ssize_t* got, uint32_t* bad) noexcept nogil:
-    """The current raw posting of ``c`` minus deletes, plus shift, into ``out``.
+    """The current raw posting of ``c`` minus deletes, plus shift, into ``out`` (room for
+    ``_raw_bound`` offsets).
 
-    Returns 0, -1 when the posting is not strictly increasing, or -2 when an offset
-    overflows uint32 after the shift (``bad`` is the offending offset).
+    Returns 0, -2 when an offset overflows uint32 after the shift (``bad`` is the offending
+    offset), or what ``_load_raw`` returns for a corrupt posting (-1, -3, -4).
     """
-    cdef const unsigned char* p = c.v.p + c.e.ps
-    cdef Py_ssize_t k = c.e.plen >> 2, i, cnt = 0
-    cdef int64_t prev = -1
+    cdef Py_ssize_t k = _load_raw(&c.v, &c.e, out), i, cnt = 0
     cdef uint32_t v
+    if k < 0:
+        return <int>k
     for i in range(k):
-        v = rtb_ld32(p + 4 * i)
-        if v <= prev:
-            bad[0] = v
-            return -1
-        prev = v
+        v = out[i]
         if _is_deleted(c, v):
             continue
         if v + c.shift > MAXU32:
@@ -1136,8 +1238,8 @@ cdef int _filter(const CState* c, offset_t* out, Py_ssize_t* got, uint32_t* bad)
 
 
 cdef int _raise_filter(int rc, uint32_t bad, uint64_t shift) except -1:
-    if rc == -1:
-        raise CorruptionError("term block posting is not strictly increasing")
+    if rc != -2:
+        _raise_raw(rc)
     raise ValueError(f"offset {bad} + shift {shift} does not fit in uint32")
 
 
@@ -1215,7 +1317,7 @@ cdef class _Cursor:
         cdef uint32_t bad = 0
         cdef int rc
         if self.s.e.kind == RAW:
-            arr = array.clone(_U32, self.s.e.plen >> 2, False)
+            arr = array.clone(_U32, _raw_bound(&self.s.v, &self.s.e), False)
             rc = _filter(&self.s, arr.data.as_uints, &got, &bad)
             if rc < 0:
                 _raise_filter(rc, bad, self.s.shift)
@@ -1289,7 +1391,7 @@ cdef Py_ssize_t _fast(MState* m) noexcept nogil:
             c.hit = not c.done and (c == best or (dup and _cmp_ee(&c.v, &c.e, &best.v, &best.e) == 0))
             if not c.hit:
                 continue
-            kk = c.e.plen >> 2
+            kk = _raw_bound(&c.v, &c.e)
             if c.e.kind != RAW or c.i + 1 >= c.v.n or _entry(&c.v, c.i + 1, &c.nxt) < 0:
                 return merged
             total += kk
@@ -1310,7 +1412,7 @@ cdef Py_ssize_t _fast(MState* m) noexcept nogil:
             need = _w_entry_size(tl, cnt, -1)
             if w.data_len + need > w.data_cap or w.n >= w.starts_cap:
                 return merged
-            if _w_size(w) + 4 + need >= w.target:
+            if _block_size(w.n + 1, w.data_len + need) >= w.target:
                 return merged
         # commit: nothing above changed any state
         _copy_term(m.last, &best.v, &best.e)
@@ -1404,7 +1506,7 @@ cdef class _Merger:
             c.hit = not c.done and (j == best or _cmp_ek(&c.v, &c.e, m.last, tl) == 0)
             if c.hit:
                 if c.e.kind == RAW:
-                    total += c.e.plen >> 2
+                    total += _raw_bound(&c.v, &c.e)
                 else:
                     all_raw = False
         if all_raw:
