@@ -222,7 +222,7 @@ class Maintenance:
         last = run[-1]
         n = last.base + last.seg.n - base
         segid = shard.new_segid()
-        inputs = [(v.seg.file.blocks(), v.base - base, BitMap(v.deleted)) for v in run]
+        inputs = [(v.seg.file.read_blocks(), v.base - base, BitMap(v.deleted)) for v in run]
         live = BitMap()
         keeps = []
         for v in run:
@@ -233,7 +233,7 @@ class Maintenance:
 
         def parts(ck: bytes):
             for v, keep in zip(run, keeps):  # one input's column decoded at a time
-                arr = v.seg.file.column(ck)
+                arr = v.seg.file.read_column(ck)
                 if arr is None:
                     arr = columns.nulls(ck[-1], len(v.seg.live))
                 yield arr.filter(keep) if keep is not None else arr

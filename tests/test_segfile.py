@@ -31,9 +31,12 @@ def test_round_trip(tmp_path):
     t = keys.term(("k",), keys.STRING, "v3")
     i = max(j for j, first in enumerate(f.block_keys) if first <= t)
     assert list(block_get(f.block(i), t)) == list(b.postings(t, 50))
-    assert len(list(f.blocks())) == len(f.block_keys) > 1
+    assert list(f.read_blocks()) == [f.block(i).to_pybytes() for i in range(len(f.block_keys))]
+    assert len(f.block_keys) > 1
     x = f.column(keys.column_key(("x",), keys.FLOAT))
     assert x.to_pylist() == [i * 1.5 for i in range(50)]
+    assert f.read_column(keys.column_key(("x",), keys.FLOAT)).equals(x)
+    assert f.read_column(keys.column_key(("nope",), keys.INT)) is None
     assert f.column(keys.column_key(("nope",), keys.INT)) is None
     again = segfile.open_segment(str(tmp_path), 7)
     assert again.block_keys == f.block_keys and again.column_keys == f.column_keys
