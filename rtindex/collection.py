@@ -10,7 +10,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rtindex import documents, ingesting
+import pyarrow as pa
+
+from rtindex import columnar, documents, ingesting
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import (
     ClosedError,
@@ -22,7 +24,7 @@ from rtindex.errors import (
     SchemaError,
 )
 from rtindex.fence import Fence
-from rtindex.inputs import Input, open_file, open_input
+from rtindex.inputs import Input, batch_rows, open_file, open_input
 from rtindex.patch import apply_patch
 from rtindex.progress import CtrlC, Progress
 from rtindex.runtime import Runtime
@@ -224,6 +226,11 @@ class Collection:
         bar = Progress(progress, source.total, source.unit, self.name)
         try:
             with source, CtrlC() as ctrl_c, ingesting.ingest_mode():
+                for first, batch in source.batches or ():  # a table: column-wise (then items is empty)
+                    with ctrl_c.batch():
+                        nbytes = self._ingest_batch(first, batch, limits, n_shards, stats, written)
+                    bar.update(batch.num_rows, nbytes, len(stats.errors), None)
+                    ingesting.collect_young()
                 chunk: list = []
                 for item in source.items:
                     chunk.append(item)
@@ -260,33 +267,58 @@ class Collection:
         per_shard: list[list] = [[] for _ in range(n_shards)]
         generated: set[int] = set()  # input indices of the documents given an _id just now
         stored: dict[int, tuple[Any, bytes, int]] = {}  # input index -> (_id, id key, size), while not failed
+        line_type, identify, shard_of = documents.Line, documents.identify, documents.shard_of
         for idx, doc in chunk:
             line = None
-            if type(doc) is documents.Line:
+            if type(doc) is line_type:
                 doc, line = doc.doc, doc.raw
             elif isinstance(doc, SchemaError):
                 stats.errors.append(ItemError(idx, None, doc.path, doc.message))
                 continue
             try:
-                doc_id, id_key, d, raw = documents.identify(doc, now, check_event_time=True, raw=line)
+                doc_id, id_key, d, raw = identify(doc, now, True, line)
             except SchemaError as e:
                 stats.errors.append(ItemError(idx, doc.get("_id") if isinstance(doc, dict) else None,
                                               e.path, e.message))
                 continue
             stored[idx] = (doc_id, id_key, 0)  # the size once serialized (by the shard, see _put)
-            per_shard[documents.shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
+            per_shard[shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
             if doc.get("_id") is None:
                 generated.add(idx)
         serialize = functools.partial(documents.serialize, limits=limits)
         for shard, items in zip(self._shards, per_shard):
             for start in range(0, len(items), PUT_DOCS):
                 self._put(shard, items[start : start + PUT_DOCS], stats, stored, serialize, generated)
-        for idx in sorted(stored):  # input order: of two versions of an _id, the later one is stored
-            doc_id, id_key, size = stored[idx]
+        total = 0
+        for doc_id, id_key, size in stored.values():  # input order (a dict keeps it): the later version wins
             written[id_key] = (doc_id, size)
+            total += size
         if stats.errors:
             stats.errors.sort(key=lambda e: e.index)
-        return sum(size for _, _, size in stored.values())
+        return total
+
+    def _ingest_batch(self, first: int, batch: pa.RecordBatch, limits: Limits, n_shards: int,
+                      stats: IngestStats, written: dict[bytes, tuple[Any, int]]) -> int:
+        """Store a table's record batch (its first row at position ``first``) column-wise
+        (rtindex.columnar; 1M product_clicks rows: ~3x faster than as dicts), or row by row
+        when that cannot be done exactly. Returns the bytes stored."""
+        prepared = columnar.prepare(batch, documents.now_us(), limits)
+        if prepared is None:
+            return self._ingest_chunk(list(batch_rows(first, batch)), limits, n_shards, stats, written)
+        for part in columnar.split(prepared, n_shards):
+            rows = part.rows.tolist()
+            shard = self._shards[part.shard]
+            for start in range(0, len(rows), PUT_DOCS):
+                at = rows[start : start + PUT_DOCS]
+                replaced = shard.put_columns(prepared.names, [a.slice(start, PUT_DOCS) for a in part.arrays],
+                                             [prepared.id_keys[i] for i in at], [prepared.json[i] for i in at],
+                                             [prepared.generated[i] for i in at])
+                stats.replaced.extend(first + at[k] for k in replaced)
+        # every row was stored (put_columns stores all or raises); in input order, so that
+        # of two versions of an _id the later one's size counts
+        sizes = list(map(len, prepared.json))
+        written.update(zip(prepared.id_keys, zip(prepared.ids, sizes)))
+        return sum(sizes)
 
     @staticmethod
     def _put(shard: Shard, items: list, stats: IngestStats, stored: dict[int, tuple[Any, bytes, int]],
@@ -299,21 +331,20 @@ class Collection:
         ``stored``; a failed one leaves it."""
         errors, replaced, items = shard.put_many(items, serialize, generated)
         stats.replaced.extend(replaced)
-        failed = {idx for idx, _ in errors}
-        for idx, _, _, raw in items:
-            if idx not in failed:
+        for idx, _, _, raw, off in items:
+            if off >= 0:
                 doc_id, id_key, _ = stored[idx]
                 stored[idx] = (doc_id, id_key, len(raw))
         if not errors:
             return
         by_idx = {it[0]: it for it in items}
         kept: dict[bytes, list[int]] = {}  # id key -> input positions stored just now
-        for idx, id_key, _, _ in items:
-            if idx not in failed:
+        for idx, id_key, _, _, off in items:
+            if off >= 0:
                 kept.setdefault(id_key, []).append(idx)
         again = []
         for idx, e in errors:
-            _, id_key, d, raw = by_idx[idx]
+            _, id_key, d, raw, _ = by_idx[idx]
             plain = documents.json_value(d)
             later = [i for i in kept.get(id_key, ()) if i > idx]
             if raw is None or plain is d:  # not serializable, too large, or plain JSON already: the refusal stands

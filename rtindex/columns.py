@@ -40,6 +40,43 @@ def values_array(tag: int, values: list) -> pa.Array:
     return pa.array(values, type=ARROW_TYPES[tag])
 
 
+# The Arrow types ``SegmentBuilder.add_columns`` indexes straight from their buffers: each
+# value, as ``Array.to_pylist()`` gives it, is a JSON scalar (rtindex.columnar turns other
+# types into these, or leaves the table to the row path).
+INDEXABLE_TYPES = (pa.int64(), pa.float64(), pa.bool_(), pa.string(), pa.large_string(), pa.null())
+
+
+def check_batch(names, arrays) -> tuple[list[str], list[pa.Array], int]:
+    """``(names, arrays, rows)`` of a ``SegmentBuilder.add_columns`` call, or the TypeError
+    or ValueError that says what is wrong with them. Both builders call it first, so they
+    refuse alike and before anything is indexed."""
+    names, arrays = list(names), list(arrays)
+    if len(names) != len(arrays):
+        raise ValueError(f"add_columns got {len(names)} names and {len(arrays)} arrays: give one name per array")
+    if not arrays:
+        raise ValueError("add_columns needs at least one column (the rows are as long as the arrays)")
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"a column name must be a str, not {type(name).__name__}")
+    names = [str.__str__(name) for name in names]  # an exact str, as a document's key would be
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"column names must be unique: {', '.join(map(repr, twice))} more than once")
+    for name, arr in zip(names, arrays):
+        if not isinstance(arr, pa.Array):
+            raise TypeError(f"column {name!r} is a {type(arr).__name__}, not a pyarrow Array "
+                            f"(a ChunkedArray: combine_chunks() it first)")
+        if arr.type not in INDEXABLE_TYPES:
+            raise TypeError(f"column {name!r} is of type {arr.type}: add_columns takes int64, double, bool, "
+                            f"string, large_string and null columns (rtindex.columnar.prepare converts a batch)")
+        arr.validate()  # buffers as large as the type and length say (ArrowInvalid, a ValueError)
+    n = len(arrays[0])
+    for name, arr in zip(names, arrays):
+        if len(arr) != n:
+            raise ValueError(f"columns of unequal lengths: {names[0]!r} has {n} rows, {name!r} {len(arr)}")
+    return names, arrays, n
+
+
 def dense(tag: int, offsets: array, values: pa.Array, n: int) -> pa.Array:
     """An array of length ``n`` with ``values[i]`` at ``offsets[i]`` and nulls elsewhere;
     ``values`` as a builder's ``column``/``columns`` give them, of type ``ARROW_TYPES[tag]``."""

@@ -57,6 +57,10 @@ class Input:
     total: int | None = None  # in ``unit``s, when known
     unit: str = "docs"  # "docs": progress counts documents; "B": bytes of a file
     tell: Callable[[], int] | None = None  # bytes of the file read so far (unit "B")
+    # a table's record batches of at most batch_size rows, with the position of their first
+    # row: what ``items`` yields, before it is made dicts (Collection.ingest indexes them
+    # column-wise, rtindex.columnar). A consumer reads one of the two, never both.
+    batches: Iterator[tuple[int, pa.RecordBatch]] | None = None
     _close: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __enter__(self) -> Input:
@@ -88,13 +92,13 @@ def open_input(docs: Any, batch_size: int) -> Input:
     if dataframe is not None and isinstance(docs, dataframe):
         return Input(_dataframe_rows(docs, batch_size), total=len(docs))
     if isinstance(docs, pa.Table):
-        return Input(_arrow_rows(docs.to_batches(max_chunksize=batch_size), batch_size), total=docs.num_rows)
+        return _table_input(docs.to_batches(max_chunksize=batch_size), batch_size, docs.num_rows)
     if isinstance(docs, pa.RecordBatch):
-        return Input(_arrow_rows([docs], batch_size), total=docs.num_rows)
+        return _table_input([docs], batch_size, docs.num_rows)
     if isinstance(docs, pa.RecordBatchReader):
-        return Input(_arrow_rows(docs, batch_size))
+        return _table_input(docs, batch_size)
     if hasattr(type(docs), "__arrow_c_stream__"):
-        return Input(_arrow_rows(pa.RecordBatchReader.from_stream(docs), batch_size))
+        return _table_input(pa.RecordBatchReader.from_stream(docs), batch_size)
     try:
         it = iter(docs)
     except TypeError:
@@ -123,8 +127,8 @@ def open_file(path: str | os.PathLike, batch_size: int) -> Input:
     source = Input(iter(()))
     if fmt == "parquet":
         pf = source._close.enter_context(pq.ParquetFile(path))
-        source.items = _arrow_rows(pf.iter_batches(batch_size=batch_size), batch_size)
-        source.total = pf.metadata.num_rows
+        table = _table_input(pf.iter_batches(batch_size=batch_size), batch_size, pf.metadata.num_rows)
+        source.items, source.batches, source.total = table.items, table.batches, table.total
         return source
     raw = source._close.enter_context(open(path, "rb"))
     stream = source._close.enter_context(gzip.GzipFile(fileobj=raw)) if compressed else raw
@@ -141,9 +145,7 @@ def _open_stream(f: Any, batch_size: int) -> Input:
     head = b"" if isinstance(f.read(0), str) else _peek(f, 4)
     if head == _PARQUET_MAGIC:
         pf = pq.ParquetFile(f)
-        source.items = _arrow_rows(pf.iter_batches(batch_size=batch_size), batch_size)
-        source.total = pf.metadata.num_rows
-        return source
+        return _table_input(pf.iter_batches(batch_size=batch_size), batch_size, pf.metadata.num_rows)
     gz = head[:2] == _GZIP_MAGIC
     source.items = _json_any(source._close.enter_context(gzip.GzipFile(fileobj=f)) if gz else f)
     try:  # progress by bytes, when it is a file on disk (not a pipe)
@@ -221,15 +223,27 @@ def _dataframe_rows(df: Any, batch_size: int) -> Iterator[tuple[int, dict]]:
         yield from _rows(names, values, len(part), start)
 
 
-def _arrow_rows(batches: Iterable[pa.RecordBatch], batch_size: int) -> Iterator[tuple[int, dict]]:
+def _table_input(batches: Iterable[pa.RecordBatch], batch_size: int, total: int | None = None) -> Input:
+    """The Input of record batches: ``batches`` (sliced to ``batch_size`` rows), and as dicts."""
+    slices = _arrow_slices(batches, batch_size)
+    return Input(itertools.chain.from_iterable(itertools.starmap(batch_rows, slices)), total=total, batches=slices)
+
+
+def _arrow_slices(batches: Iterable[pa.RecordBatch], batch_size: int) -> Iterator[tuple[int, pa.RecordBatch]]:
     first = 0
     for batch in batches:
-        names = _field_names(batch.schema.names)
         for start in range(0, batch.num_rows, batch_size):
             part = batch.slice(start, batch_size)
-            values = [_arrow_values(part.column(j), name == "_event_time") for j, name in enumerate(names)]
-            yield from _rows(names, values, part.num_rows, first)
+            yield first, part
             first += part.num_rows
+
+
+def batch_rows(first: int, batch: pa.RecordBatch) -> Iterator[tuple[int, dict]]:
+    """(position, document) of each row of ``batch``, its first row at ``first``: what a
+    table means, row by row (rtindex.columnar does the same column-wise where it can)."""
+    names = _field_names(batch.schema.names)
+    values = [_arrow_values(batch.column(j), name == "_event_time") for j, name in enumerate(names)]
+    return _rows(names, values, batch.num_rows, first)
 
 
 def _field_names(labels: list) -> list[str]:

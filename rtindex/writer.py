@@ -173,7 +173,7 @@ class ShardWriter(Shard):
     def put_many(self, items: list[tuple[int, bytes, dict, bytes | None]],
                  serialize: Callable[[dict, bytes | None], tuple[dict, bytes]] | None = None,
                  generated: set[int] | frozenset[int] = frozenset(),
-                 ) -> tuple[list[tuple[int, SchemaError]], list[int], list[tuple[int, bytes, dict, bytes | None]]]:
+                 ) -> tuple[list[tuple[int, SchemaError]], list[int], list[tuple[int, bytes, dict, bytes | None, int]]]:
         """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
 
         ``serialize(document, bytes or None) -> (document, bytes)`` (or SchemaError) is
@@ -181,10 +181,12 @@ class ShardWriter(Shard):
         cache (see documents.serialize); without it every item must carry its bytes.
         Returns the per-item errors (serializing or indexing), the caller indices of the
         items that replaced a stored document (or an earlier item of the same call; every
-        other item is new), and the items as serialized. ``generated``: the caller indices of
-        items whose ``_id`` was just generated (128 random bits), which cannot be stored yet:
-        their ``_id`` index is not read (1.6 us a TSBS row). All of them are durable when
-        this returns. Raises StorageError (and stores nothing) when the write fails.
+        other item is new), and the items as serialized, each with its row offset in the
+        active segment appended (-1: not stored, see the errors). ``generated``: the caller
+        indices of items whose ``_id`` was just generated (128 random bits), which cannot
+        be stored yet: their ``_id`` index is not read (1.6 us a TSBS row). All of them are
+        durable when this returns. Raises StorageError (and stores nothing) when the write
+        fails.
         """
         errors: list[tuple[int, SchemaError]] = []
         replaced: list[int] = []
@@ -200,42 +202,72 @@ class ShardWriter(Shard):
                 old = [None if it[0] in generated else next(known) for it in items]
             else:
                 old = self.store.multi_get("ids", [it[1] for it in items])
-            wb = self.store.batch()
-            seen: dict[bytes, int] = {}
-            dels: list[int] = []
-            next_row = state.next_row_id
             self._broken_builder = True  # until the write below succeeded
             items = self._index_docs(builder, items, serialize, errors)
-            put = wb.put
-            for (idx, id_key, doc, raw, off), prev_raw in zip(items, old):
-                if off < 0:
-                    continue
-                rid = base + off
-                if rid != next_row:
-                    raise CorruptionError(f"shard {self.index}: row id {rid} assigned, {next_row} expected")
-                next_row += 1
+            stored = [it for it in items if it[4] >= 0]
+            if stored:
+                if stored[-1][4] - stored[0][4] != len(stored) - 1:
+                    raise CorruptionError(f"shard {self.index}: the builder gave offsets {stored[0][4]}.."
+                                          f"{stored[-1][4]} to {len(stored)} documents")
+                self._write_rows(state, base + stored[0][4], [it[1] for it in stored], [it[3] for it in stored],
+                                 [o for it, o in zip(items, old) if it[4] >= 0], replaced, [it[0] for it in stored])
+            self._broken_builder = False
+        return errors, replaced, items
+
+    def put_columns(self, names: list[str], arrays: list, id_keys: list[bytes], raws: list[bytes],
+                    generated: list[bool]) -> list[int]:
+        """Upsert rows given column-wise (``SegmentBuilder.add_columns``; ``rtindex.columnar``
+        prepares them), each row's id key and JSON bytes, and whether its ``_id`` was just
+        generated (its ``_id`` index is not read), atomically: all are durable when this
+        returns, or none (StorageError). ``rtindex.columnar.prepare`` lets through only
+        columns the builder takes. Returns the positions
+        of the rows that replaced a stored document or an earlier row of the call."""
+        replaced: list[int] = []
+        with self._write_lock, self._failing(f"writing {len(id_keys)} documents"):
+            self._check_writable()
+            self._rotate_if_full()
+            state = self._state
+            mem_view = state.views[-1]
+            got = iter(self.store.multi_get("ids", [k for k, g in zip(id_keys, generated) if not g]))
+            old = [None if g else next(got) for g in generated]
+            with self._mem_lock:
+                first = mem_view.seg.builder.add_columns(names, arrays)  # all or nothing
+            self._broken_builder = True  # until the write below succeeded
+            self._write_rows(state, mem_view.seg.base + first, id_keys, raws, old, replaced, range(len(id_keys)))
+            self._broken_builder = False
+        return replaced
+
+    def _write_rows(self, state: ShardState, first: int, id_keys: list[bytes], raws: list[bytes],
+                    old: list[bytes | None], replaced: list[int], tags) -> None:
+        """Store rows just indexed into the active builder from row id ``first`` on: the
+        rows, their ``_id`` index entries, delete records of the rows they replace (``old``:
+        the ``_id`` index values read before, None for new ids) and the next row id, in one
+        write; then publish them. Appends to ``replaced`` the ``tags`` of the rows that
+        replaced one (a stored row, or an earlier one of these)."""
+        next_row = first + len(id_keys)
+        if first != state.next_row_id:
+            raise CorruptionError(f"shard {self.index}: rows from {first} assigned, {state.next_row_id} expected")
+        rid_keys = list(map(u64, range(first, next_row)))
+        wb = self.store.batch()
+        wb.put_all("rows", rid_keys, raws)
+        wb.put_all("ids", id_keys, rid_keys)
+        dels: list[int] = []
+        if len(set(id_keys)) < len(id_keys) or any(o is not None for o in old):
+            seen: dict[bytes, int] = {}
+            for rid, id_key, prev_raw, tag in zip(range(first, next_row), id_keys, old, tags):
                 prev = seen.get(id_key)
                 if prev is None and prev_raw is not None:
                     prev = from_u64(prev_raw)
                 if prev is not None:
-                    replaced.append(idx)
+                    replaced.append(tag)
                     dels.append(prev)
-                    put("meta", keys.meta_deleted(prev), b"")
+                    wb.put("meta", keys.meta_deleted(prev), b"")
                 seen[id_key] = rid
-                rid_key = u64(rid)
-                put("rows", rid_key, raw)
-                put("ids", id_key, rid_key)
-            items = [it[:4] for it in items]
-            if next_row == state.next_row_id:
-                self._broken_builder = False
-                return errors, replaced, items
-            wb.put("meta", keys.META_NEXT_ROW, u64(next_row))
-            seq = self._log(wb, dels)
-            self.store.write(wb)
-            self._log_seq = seq
-            self._broken_builder = False
-            self._publish(state, next_row, dels)
-        return errors, replaced, items
+        wb.put("meta", keys.META_NEXT_ROW, u64(next_row))
+        seq = self._log(wb, dels)
+        self.store.write(wb)
+        self._log_seq = seq
+        self._publish(state, next_row, dels)
 
     @property
     def change_count(self) -> int:

@@ -1,7 +1,7 @@
 # Declarations of the compiled mutable segment builder (implementation in _segment.pyx).
 from cpython.array cimport array
 from cpython.object cimport PyObject
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from rtindex._ext._types cimport offset_t, term_id_t
 
@@ -190,3 +190,24 @@ cdef class SegmentBuilder:
     cdef int _leaf_fixed(self, object v, int tag, _Node parent, object key, _Node node,
                          bint in_array) except -1
     cdef int _rollback(self, Py_ssize_t n_terms_before, Py_ssize_t nbytes_before) except -1
+    cdef int _drop_terms(self, Py_ssize_t n_terms_before) except -1
+    cdef Py_ssize_t _first_non_finite(self, object arr) except -2
+    cdef _Column _touch(self, _Node node, int tag, Py_ssize_t j, list touched)
+    cdef int _add_column(self, _Node node, object arr, Py_ssize_t j, Py_ssize_t n, offset_t base,
+                         list touched) except -1
+    cdef TEntry* _term(self, _Column col, uint64_t key) except NULL
+    cdef int _post_at(self, TEntry* e, offset_t off) except -1
+    cdef int _add_null(self, _Column ncol, offset_t off, TEntry** null_e, TEntry** null_table) except -1
+    cdef int _add_nulls(self, _Column ncol, Py_ssize_t n, offset_t base) except -1
+    cdef int _add_fixed(self, _Column col, _Column ncol, const unsigned char* data,
+                        const unsigned char* valid, Py_ssize_t start, Py_ssize_t n,
+                        offset_t base) except -1
+    cdef int _add_strings(self, _Column col, _Column ncol, object offsets_buf, bint large,
+                          object data_buf, const unsigned char* valid, Py_ssize_t start,
+                          Py_ssize_t n, offset_t base) except -1
+    cdef void _hash_ahead(self, const unsigned char* offsets, bint large, const unsigned char* data,
+                          int64_t lo, int64_t hi, const unsigned char* valid, Py_ssize_t row,
+                          uint32_t cid1, uint64_t* key, bint* ascii_value) noexcept
+    cdef int _order_column_keys(self, Py_ssize_t k0, list touched) except -1
+    cdef int _rollback_columns(self, offset_t base, Py_ssize_t n_terms_before,
+                               Py_ssize_t nbytes_before, list touched) except -1

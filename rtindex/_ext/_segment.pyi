@@ -18,6 +18,9 @@ class SegmentBuilder:
         """Memory held: term table, per-term arrays and strs, postings, column buffers, path nodes."""
     def add(self, doc: dict[str, Any]) -> int:
         """Index ``doc`` as the next row; returns its offset. All or nothing on SchemaError."""
+    def add_columns(self, names: list[str], arrays: list[pa.Array]) -> int:
+        """Index the rows of ``arrays`` (the columns ``names``) as the next rows, exactly as
+        ``add`` would one by one; returns the offset of the first. All or nothing."""
     def postings(self, term: bytes, limit: int) -> array:
         """Offsets (< ``limit``) of the rows holding ``term``, increasing; a new array('I')."""
     def column_terms(self, column_key: bytes) -> list[bytes]:
@@ -35,4 +38,5 @@ class SegmentBuilder:
     def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]:
         """The term blocks of a seal: what ``BlockWriter(target_bytes)`` makes of ``sorted_postings()``."""
     def _test_fail_commit_at(self, n: int) -> None:
-        """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term."""
+        """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term, and
+        ``add_columns`` before indexing its ``n``-th value (column after column)."""

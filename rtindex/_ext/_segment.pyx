@@ -49,9 +49,14 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_AsUTF8String, PyUnicode_FromObject
+from cpython.unicode cimport (
+    PyUnicode_AsUTF8AndSize,
+    PyUnicode_AsUTF8String,
+    PyUnicode_DecodeUTF8,
+    PyUnicode_FromObject,
+)
 from libc.math cimport isfinite
-from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, qsort, realloc
 from libc.string cimport memchr, memcmp, memcpy, memset
 
@@ -80,7 +85,7 @@ from operator import index as _index
 import pyarrow as pa
 from orjson import dumps as _dumps
 
-from rtindex.columns import ARROW_TYPES
+from rtindex.columns import ARROW_TYPES, check_batch
 from rtindex.errors import SchemaError
 from rtindex.keys import json_path
 
@@ -100,6 +105,8 @@ cdef extern from "Python.h":
         pass
     # Renamed so that Cython does not add its own error check: callers test the result.
     int _list_append "PyList_Append"(object lst, object item)
+    # What hash() of a str computes over the str's characters as stored (see ascii_hash).
+    Py_hash_t _Py_HashBytes(const void* src, Py_ssize_t n) noexcept
 
 cdef extern from *:
     """
@@ -165,6 +172,12 @@ cdef array _U32 = array("I")  # template for clone(); typecode "I" is 4 bytes he
 cdef uint64_t _SEED = int.from_bytes(os.urandom(8), "little")
 
 assert _U32.itemsize == sizeof(offset_t), "array('I') must hold 32-bit items"
+# The Arrow types add_columns reads (rtindex.columns.INDEXABLE_TYPES).
+_NULL = pa.null()
+_BOOL = pa.bool_()
+_INT64 = pa.int64()
+_DOUBLE = pa.float64()
+_LARGE_STRING = pa.large_string()
 
 
 
@@ -245,6 +258,71 @@ cdef inline unsigned char* buffer_address(object buf):
     return <unsigned char*><uintptr_t>buf.address
 
 
+cdef inline bint is_ascii(const unsigned char* p, size_t n) noexcept nogil:
+    """Whether the bytes ``p[:n]`` are all below 0x80."""
+    cdef uint64_t acc = 0, w
+    cdef size_t i = 0
+    while i + 8 <= n:
+        memcpy(&w, p + i, 8)
+        acc |= w
+        i += 8
+    while i < n:
+        acc |= p[i]
+        i += 1
+    return (acc & 0x8080808080808080ULL) == 0
+
+
+cdef inline uint64_t ascii_hash(const unsigned char* p, Py_ssize_t n) noexcept:
+    """``hash()`` of the ASCII str whose characters are ``p[:n]``, without making the str.
+
+    CPython hashes a str's characters as it stores them, one byte each for ASCII, with
+    ``_Py_HashBytes``; ``check_ascii_hash`` makes sure of that at import, since string terms
+    are keyed by ``hash(str)`` (``add``) and by this (``add_columns``) in the same table.
+    """
+    return <uint64_t>_Py_HashBytes(p, n)
+
+
+cdef int check_ascii_hash() except -1:
+    cdef bytes b
+    for s in ("", "a", "pc-12345", "Lisbon", "x" * 100, "a\x00b"):
+        b = s.encode()
+        if ascii_hash(<const unsigned char*>PyBytes_AS_STRING(b), len(b)) != <uint64_t>hash(s):
+            raise ImportError("rtindex._ext._segment: this Python hashes str differently from what "
+                              "SegmentBuilder.add_columns assumes (report it, with the Python version)")
+    return 0
+
+
+check_ascii_hash()
+
+
+cdef inline int64_t offset_at(const unsigned char* offsets, bint large, Py_ssize_t i) noexcept nogil:
+    """Entry ``i`` of an Arrow string array's offsets (int64 for large_string, else int32)."""
+    cdef int64_t v64
+    cdef int32_t v32
+    if large:
+        memcpy(&v64, offsets + i * 8, 8)
+        return v64
+    memcpy(&v32, offsets + i * 4, 4)
+    return v32
+
+
+cdef inline bint bit_at(const unsigned char* bits, Py_ssize_t i) noexcept nogil:
+    return (bits[i >> 3] >> (i & 7)) & 1
+
+
+cdef Py_ssize_t first_non_finite(const unsigned char* data, const unsigned char* valid,
+                                 Py_ssize_t start, Py_ssize_t n) noexcept nogil:
+    """The first row (of ``n`` from ``start``) of a double array that is not null and not
+    finite, or -1."""
+    cdef Py_ssize_t i
+    cdef double d
+    for i in range(n):
+        memcpy(&d, data + (start + i) * 8, 8)
+        if not isfinite(d) and (valid == NULL or bit_at(valid, start + i)):
+            return i
+    return -1
+
+
 def _empty_values(column_key):
     """The values of a column key the builder holds none of: an empty array of the type its
     last byte names (null type when it names none, e.g. an OBJECT key or no key at all)."""
@@ -274,6 +352,16 @@ cdef int plist_push(PList* p, offset_t off) except -1:
         p.d.heap[n] = off
     p.n = n + 1
     p.last = off
+    return 0
+
+
+cdef inline Py_ssize_t plist_growth(uint32_t n) noexcept nogil:
+    """Bytes ``plist_push`` allocates when a list of ``n`` offsets gets one more (with a
+    malloc header for a new heap block): what nbytes counts, undone by ``plist_pop``."""
+    if n == PLIST_INLINE:
+        return 8 * sizeof(offset_t) + 16
+    if n >= 8 and (n & (n - 1)) == 0:
+        return n * sizeof(offset_t)
     return 0
 
 
@@ -562,6 +650,7 @@ cdef inline uint64_t be_prefix(const unsigned char* p, size_t n) noexcept nogil:
 
 
 cdef enum:
+    STR_AHEAD = 16  # add_columns hashes string values this many rows ahead (prefetching slots)
     PREFETCH_SLOTS = 64  # the table scan prefetches the str of the slot this far ahead
     PREFETCH_ITEMS = 8  # encode_blocks prefetches postings this many terms ahead (entries: 2x)
     ARENA_CHUNK = 1 << 20  # bytes of one arena chunk (more for a longer string)
@@ -951,7 +1040,6 @@ cdef class SegmentBuilder:
     cdef int _rollback(self, Py_ssize_t n_terms_before, Py_ssize_t nbytes_before) except -1:
         """Undo what the row being added changed (it raised): the builder is as before."""
         cdef size_t i
-        cdef Py_ssize_t tid
         cdef TEntry* e
         cdef _Column col
         cdef offset_t off = self._off
@@ -961,8 +1049,22 @@ cdef class SegmentBuilder:
             if e.pl.n and e.pl.last == off:
                 plist_pop(&e.pl)
         self._doc_terms.n = 0
-        # Terms created by this row, newest first.
-        tid = self._n_terms - 1
+        self._drop_terms(n_terms_before)
+        # Column values, newest first.
+        while self._n_doc_cols:
+            self._n_doc_cols -= 1
+            col = <_Column>self._doc_cols[self._n_doc_cols]
+            col.offs.n -= 1
+            col_cut(col)
+        self._nbytes = nbytes_before
+        return 0
+
+    cdef int _drop_terms(self, Py_ssize_t n_terms_before) except -1:
+        """Delete the terms created since there were ``n_terms_before``, newest first (and
+        the column keys that had no term before them)."""
+        cdef Py_ssize_t tid = self._n_terms - 1
+        cdef TEntry* e
+        cdef _Column col
         while tid >= n_terms_before:
             e = self._find_tid(tid)
             plist_free(&e.pl)
@@ -974,13 +1076,6 @@ cdef class SegmentBuilder:
             tid -= 1
         del self._vals[n_terms_before:]
         self._n_terms = n_terms_before
-        # Column values, newest first.
-        while self._n_doc_cols:
-            self._n_doc_cols -= 1
-            col = <_Column>self._doc_cols[self._n_doc_cols]
-            col.offs.n -= 1
-            col_cut(col)
-        self._nbytes = nbytes_before
         return 0
 
     # ------------------------------------------------------------ the term table
@@ -1155,11 +1250,7 @@ cdef class SegmentBuilder:
         plist_push(&e.pl, self._off)
         self._doc_terms.data[self._doc_terms.n] = e.tid
         self._doc_terms.n += 1
-        # The heap block plist_push grows (a malloc header besides), undone by plist_pop.
-        if n == PLIST_INLINE:
-            self._nbytes += 8 * sizeof(offset_t) + 16
-        elif n >= 8 and (n & (n - 1)) == 0:
-            self._nbytes += n * sizeof(offset_t)
+        self._nbytes += plist_growth(n)
         return 0
 
     cdef int _col_add(self, _Column col, const void* v, size_t n, str s) except -1:
@@ -1598,8 +1689,403 @@ cdef class SegmentBuilder:
             self._col_add(col, &b, 1, None)
         return 0
 
+    # ------------------------------------------------------------ add_columns
+    #
+    # A record batch, a column at a time: one pass over each column's Arrow buffers, with
+    # no Python object per row but the str of a new string term (and a temporary str per
+    # non-ASCII string value, whose hash() needs one). The result is exactly what add()
+    # makes of the rows one by one: each row has one value per column, so column by column
+    # every term still gets its rows in increasing order, each at most once; the column keys
+    # new in the batch are put in the order add() would have met them at the end.
+
+    def add_columns(self, names, arrays):
+        """Index the rows of ``arrays`` (pyarrow Arrays of ``columns.INDEXABLE_TYPES``, the
+        columns ``names``) as the next rows; returns the offset of the first.
+
+        Exactly ``add(dict(zip(names, row)))`` for each row, a row's values as
+        ``Array.to_pylist()`` gives them (a null is a JSON null), all or nothing; from the
+        Arrow buffers, without a Python object per row.
+        """
+        cdef Py_ssize_t n, j, r, bad_row = -1, bad_col = -1, n_terms_before, nbytes_before, k0
+        cdef Py_ssize_t nc, at, stop
+        cdef offset_t base
+        names, arrays, n = check_batch(names, arrays)
+        if self._busy:
+            raise RuntimeError("SegmentBuilder.add_columns() re-entered: a builder has one writer")
+        if self._pins:
+            raise RuntimeError("SegmentBuilder.add_columns() while write_blocks(), column() or columns() "
+                               "reads the builder: add rows to a builder before sealing it, not during")
+        if n > <Py_ssize_t>MAX_ROWS - self._n:
+            raise OverflowError("a segment holds at most 2**32 - 1 rows: seal it first")
+        if n == 0:
+            return self._n
+        if self._max_depth < 1:
+            return nesting_error(self, NULL)
+        nc = len(names)
+        # The only value add() refuses here: a NaN or infinity. Its error is the first in
+        # row order, as add() would meet it.
+        for j in range(nc):
+            arr = arrays[j]
+            if arr.type == _DOUBLE:
+                r = self._first_non_finite(arr)
+                if r >= 0 and (bad_row < 0 or r < bad_row):
+                    bad_row, bad_col = r, j
+        self._busy = True
+        base = <offset_t>self._n
+        n_terms_before = self._n_terms
+        nbytes_before = self._nbytes
+        k0 = len(self._colkeys)
+        touched = []  # (column, its values before), each column before anything is added to it
+        at = 0  # values indexed so far, column by column (for _test_fail_commit_at)
+        try:
+            nodes = []
+            for j in range(nc):  # as the first row would: a bad name, unless a NaN comes first
+                if bad_row == 0 and bad_col == j:
+                    break
+                nodes.append(self._child(self._root, names[j]))
+            if bad_row >= 0:
+                v = arrays[bad_col][bad_row].as_py()
+                raise SchemaError(f"non-finite number {v!r} (JSON has no NaN or Infinity)",
+                                  json_path([names[bad_col]]))
+            for j in range(nc):
+                stop = n
+                if 0 <= self._fail_at - at < n:
+                    stop = self._fail_at - at
+                self._add_column(<_Node>nodes[j], arrays[j], j, stop, base, touched)
+                if stop < n:
+                    raise MemoryError("injected by _test_fail_commit_at()")
+                at += n
+            self._order_column_keys(k0, touched)
+        except BaseException:
+            self._rollback_columns(base, n_terms_before, nbytes_before, touched)
+            raise
+        finally:
+            self._busy = False
+        self._n += n
+        return base
+
+    cdef Py_ssize_t _first_non_finite(self, object arr) except -2:
+        """The first row of the double array ``arr`` that is NaN or infinite, or -1."""
+        bufs = arr.buffers()
+        if bufs[1] is None:
+            return -1
+        return first_non_finite(buffer_address(bufs[1]),
+                                buffer_address(bufs[0]) if arr.null_count else NULL,
+                                arr.offset, len(arr))
+
+    cdef _Column _touch(self, _Node node, int tag, Py_ssize_t j, list touched):
+        """The column of ``node`` for ``tag`` (made if new), noted in ``touched`` with the
+        index ``j`` of its batch column and its values before."""
+        cdef _Column col
+        if tag == NULL_TAG:
+            col = node.c_null
+        elif tag == BOOL_TAG:
+            col = node.c_bool
+        elif tag == INT_TAG:
+            col = node.c_int
+        elif tag == FLOAT_TAG:
+            col = node.c_float
+        elif tag == STRING_TAG:
+            col = node.c_str
+        else:
+            col = node.c_ts
+        if col is None:
+            col = self._new_column(node, tag)
+        touched.append((col, col.offs.n, j))
+        return col
+
+    cdef int _add_column(self, _Node node, object arr, Py_ssize_t j, Py_ssize_t n, offset_t base,
+                         list touched) except -1:
+        """Index the first ``n`` values of ``arr``, the batch column ``j`` at ``node``, as the
+        rows from offset ``base``."""
+        cdef _Column col, ncol = None
+        cdef int tag
+        cdef const unsigned char* valid = NULL
+        t = arr.type
+        if t == _NULL or arr.null_count == len(arr):  # (no column of the type: add() makes none)
+            return self._add_nulls(self._touch(node, NULL_TAG, j, touched), n, base)
+        bufs = arr.buffers()
+        if arr.null_count:
+            ncol = self._touch(node, NULL_TAG, j, touched)
+            valid = buffer_address(bufs[0])
+        if t == _INT64:
+            tag = TIMESTAMP_TAG if node.is_event_time else INT_TAG
+        elif t == _DOUBLE:
+            tag = FLOAT_TAG
+        elif t == _BOOL:
+            tag = BOOL_TAG
+        else:
+            tag = STRING_TAG
+        col = self._touch(node, tag, j, touched)
+        if tag == STRING_TAG:
+            return self._add_strings(col, ncol, bufs[1], t == _LARGE_STRING, bufs[2], valid,
+                                     arr.offset, n, base)
+        return self._add_fixed(col, ncol, buffer_address(bufs[1]), valid, arr.offset, n, base)
+
+    cdef TEntry* _term(self, _Column col, uint64_t key) except NULL:
+        """The entry of the term (``col``, ``key``) of a non-STRING column, made if new."""
+        cdef TEntry* e = self._find(col.cid, key, None)
+        if e == NULL:
+            e = self._insert(col, key, None)
+        return e
+
+    cdef int _post_at(self, TEntry* e, offset_t off) except -1:
+        """Add row ``off`` (past every row ``e`` has) to ``e``'s postings."""
+        cdef uint32_t n = e.pl.n
+        plist_push(&e.pl, off)
+        self._nbytes += plist_growth(n)
+        return 0
+
+    cdef int _add_null(self, _Column ncol, offset_t off, TEntry** null_e, TEntry** null_table) except -1:
+        """Index a null cell of row ``off``: the NULL term's posting (``null_e``, looked up
+        again when an insert moved the table, which ``null_table`` tells) and the column
+        store's row (``ncol.offs`` has room)."""
+        if null_e[0] == NULL or null_table[0] != self._table:
+            null_e[0] = self._term(ncol, 0)
+            null_table[0] = self._table
+        self._post_at(null_e[0], off)
+        ncol.offs.data[ncol.offs.n] = off
+        ncol.offs.n += 1
+        return 0
+
+    cdef int _add_nulls(self, _Column ncol, Py_ssize_t n, offset_t base) except -1:
+        """``n`` nulls as the rows from ``base``."""
+        cdef Py_ssize_t i
+        cdef size_t before = col_bytes(ncol)
+        cdef TEntry* e
+        u32_reserve(&ncol.offs, <size_t>n)
+        e = self._term(ncol, 0)
+        for i in range(n):
+            self._post_at(e, base + <offset_t>i)
+            ncol.offs.data[ncol.offs.n] = base + <offset_t>i
+            ncol.offs.n += 1
+        self._nbytes += col_bytes(ncol) - before
+        return 0
+
+    cdef int _add_fixed(self, _Column col, _Column ncol, const unsigned char* data,
+                        const unsigned char* valid, Py_ssize_t start, Py_ssize_t n,
+                        offset_t base) except -1:
+        """Values ``start`` .. ``start + n - 1`` of an int64 (INT, TIMESTAMP), double (FLOAT,
+        all finite) or bool (BOOL) array as the rows from ``base``; ``valid``: its validity
+        bits, NULL when no value is null (else the nulls go to ``ncol``)."""
+        cdef Py_ssize_t i, ahead
+        cdef size_t before = col_bytes(col) + (col_bytes(ncol) if ncol is not None else 0)
+        cdef size_t k, slot
+        cdef int tag = col.tag
+        cdef uint32_t cid1 = col.cid + 1
+        cdef uint64_t key, bits
+        cdef int64_t x
+        cdef double d
+        cdef offset_t off
+        cdef unsigned char bit
+        cdef unsigned char* p
+        cdef TEntry* e
+        cdef TEntry* null_e = NULL
+        cdef TEntry* null_table = NULL  # the table null_e points into
+        u32_reserve(&col.offs, <size_t>n)
+        if tag == BOOL_TAG:
+            buf_reserve(&col.vals, ((col.offs.n + <size_t>n + 7) >> 3) - col.vals.n)
+        else:
+            buf_reserve(&col.vals, <size_t>n * 8)
+        if ncol is not None:
+            u32_reserve(&ncol.offs, <size_t>n)
+        for i in range(n):
+            off = base + <offset_t>i
+            if valid != NULL and not bit_at(valid, start + i):
+                self._add_null(ncol, off, &null_e, &null_table)
+                continue
+            if tag == BOOL_TAG:
+                key = bit_at(data, start + i)
+            elif tag == FLOAT_TAG:
+                memcpy(&d, data + (start + i) * 8, 8)
+                d = d + 0.0  # -0.0 -> 0.0
+                memcpy(&bits, &d, 8)
+                key = ~bits if bits & RT_SIGN else bits | RT_SIGN
+            else:
+                memcpy(&x, data + (start + i) * 8, 8)
+                key = (<uint64_t>x) ^ RT_SIGN
+            # The slot of a row a few ahead is on its way while this one is resolved.
+            ahead = i + 8
+            if ahead < n and tag != BOOL_TAG:
+                memcpy(&bits, data + (start + ahead) * 8, 8)
+                if tag == FLOAT_TAG:
+                    bits = ~bits if bits & RT_SIGN else bits | RT_SIGN
+                else:
+                    bits ^= RT_SIGN
+                rt_prefetch(&self._table[mix(bits, cid1) & self._mask])
+            slot = mix(key, cid1) & self._mask
+            while True:
+                e = &self._table[slot]
+                if e.cid1 == 0:
+                    e = self._insert(col, key, None)
+                    break
+                if e.cid1 == cid1 and e.key == key:
+                    break
+                slot = (slot + 1) & self._mask
+            self._post_at(e, off)
+            k = col.offs.n
+            col.offs.data[k] = off
+            col.offs.n = k + 1
+            if tag == BOOL_TAG:
+                p = col.vals.data + (k >> 3)
+                bit = <unsigned char>(1 << (k & 7))
+                if (k & 7) == 0:
+                    p[0] = 0
+                    col.vals.n += 1
+                p[0] = (p[0] & ~bit) | (bit if key else 0)  # (a failed call may have left it set)
+            elif tag == FLOAT_TAG:
+                memcpy(col.vals.data + col.vals.n, &d, 8)
+                col.vals.n += 8
+            else:
+                memcpy(col.vals.data + col.vals.n, &x, 8)
+                col.vals.n += 8
+        self._nbytes += col_bytes(col) + (col_bytes(ncol) if ncol is not None else 0) - before
+        return 0
+
+    cdef int _add_strings(self, _Column col, _Column ncol, object offsets_buf, bint large,
+                          object data_buf, const unsigned char* valid, Py_ssize_t start,
+                          Py_ssize_t n, offset_t base) except -1:
+        """Values ``start`` .. ``start + n - 1`` of a string or large_string array as the rows
+        from ``base`` (``valid``, ``ncol``: as ``_add_fixed``).
+
+        An ASCII value is hashed (and its table slot prefetched) STR_AHEAD rows before it is
+        resolved: in a large table the slot is a cache miss, most of a new term's cost.
+        """
+        cdef const unsigned char* offsets = buffer_address(offsets_buf)
+        cdef const unsigned char* data = NULL
+        cdef Py_ssize_t size = 0, i, m
+        cdef size_t before = col_bytes(col) + (col_bytes(ncol) if ncol is not None else 0)
+        cdef size_t slot
+        cdef int64_t lo, hi, a, b, end
+        cdef uint32_t cid1 = col.cid + 1
+        cdef uint64_t key
+        cdef uint64_t ahead_key[STR_AHEAD]  # row i's hash at i % STR_AHEAD (ASCII values)
+        cdef bint ahead_ascii[STR_AHEAD]  # whether row i's value is ASCII (so hashed)
+        cdef bint ascii_value
+        cdef offset_t off
+        cdef const unsigned char* v
+        cdef TEntry* e
+        cdef TEntry* null_e = NULL
+        cdef TEntry* null_table = NULL
+        cdef int kind, ascii
+        cdef Py_ssize_t sn
+        cdef const void* sdata
+        if data_buf is not None:
+            data = buffer_address(data_buf)
+            size = data_buf.size
+        lo = offset_at(offsets, large, start)
+        hi = offset_at(offsets, large, start + n)
+        if lo < 0 or hi < lo or hi > size:
+            raise ValueError("string array whose offsets are outside its data: a malformed array")
+        u32_reserve(&col.offs, <size_t>n)
+        buf_reserve(&col.vals, <size_t>(hi - lo))
+        buf_reserve(&col.ends, <size_t>n * sizeof(int64_t))
+        if ncol is not None:
+            u32_reserve(&ncol.offs, <size_t>n)
+        for i in range(min(n, STR_AHEAD)):
+            self._hash_ahead(offsets, large, data, lo, hi, valid, start + i, cid1,
+                             &ahead_key[i], &ahead_ascii[i])
+        b = lo
+        for i in range(n):
+            off = base + <offset_t>i
+            a = b
+            b = offset_at(offsets, large, start + i + 1)
+            if b < a or b > hi:
+                raise ValueError("string array whose offsets decrease: a malformed array")
+            key = ahead_key[i % STR_AHEAD]
+            ascii_value = ahead_ascii[i % STR_AHEAD]
+            if i + STR_AHEAD < n:
+                self._hash_ahead(offsets, large, data, lo, hi, valid, start + i + STR_AHEAD, cid1,
+                                 &ahead_key[i % STR_AHEAD], &ahead_ascii[i % STR_AHEAD])
+            if valid != NULL and not bit_at(valid, start + i):
+                self._add_null(ncol, off, &null_e, &null_table)
+                continue
+            v = data + a
+            m = <Py_ssize_t>(b - a)
+            if ascii_value:
+                # Keyed like add()'s str, found by comparing the bytes: no str unless new.
+                slot = mix(key, cid1) & self._mask
+                while True:
+                    e = &self._table[slot]
+                    if e.cid1 == 0:
+                        e = self._insert(col, key, PyUnicode_DecodeUTF8(<const char*>v, m, NULL))
+                        break
+                    if e.cid1 == cid1 and e.key == key:
+                        sdata = rt_str_data(e.sv, &kind, &sn, &ascii)
+                        if ascii and sn == m and memcmp(sdata, v, <size_t>m) == 0:
+                            break
+                    slot = (slot + 1) & self._mask
+            else:
+                s = PyUnicode_DecodeUTF8(<const char*>v, m, "strict")
+                key = <uint64_t>PyObject_Hash(s)
+                e = self._find(col.cid, key, s)
+                if e == NULL:
+                    e = self._insert(col, key, s)
+            self._post_at(e, off)
+            memcpy(col.vals.data + col.vals.n, v, <size_t>m)
+            col.vals.n += <size_t>m
+            end = <int64_t>col.vals.n
+            memcpy(col.ends.data + col.ends.n, &end, sizeof(int64_t))
+            col.ends.n += sizeof(int64_t)
+            col.offs.data[col.offs.n] = off
+            col.offs.n += 1
+        self._nbytes += col_bytes(col) + (col_bytes(ncol) if ncol is not None else 0) - before
+        return 0
+
+    cdef void _hash_ahead(self, const unsigned char* offsets, bint large, const unsigned char* data,
+                          int64_t lo, int64_t hi, const unsigned char* valid, Py_ssize_t row,
+                          uint32_t cid1, uint64_t* key, bint* ascii_value) noexcept:
+        """For ``_add_strings``: whether value ``row`` is ASCII and then its hash, and
+        prefetch its slot. (Not ASCII, null or malformed: no hash; the row is checked when
+        it is resolved.)"""
+        cdef int64_t a = offset_at(offsets, large, row), b = offset_at(offsets, large, row + 1)
+        ascii_value[0] = False
+        if a < lo or b < a or b > hi or (valid != NULL and not bit_at(valid, row)):
+            return
+        if is_ascii(data + a, <size_t>(b - a)):
+            key[0] = ascii_hash(data + a, <Py_ssize_t>(b - a))
+            ascii_value[0] = True
+            rt_prefetch(&self._table[mix(key[0], cid1) & self._mask])
+
+    cdef int _order_column_keys(self, Py_ssize_t k0, list touched) except -1:
+        """Put the column keys the batch added (past ``k0``) in the order ``add`` would
+        have: by the first row with a value, then by batch column."""
+        cdef _Column col
+        cdef TEntry* e
+        if len(self._colkeys) - k0 < 2:
+            return 0
+        column_of = {}
+        for col, _, j in touched:
+            column_of[col.key] = j
+        order = []
+        for ck in self._colkeys[k0:]:
+            col = <_Column>self._colobjs[ck]
+            e = self._find_tid(col.tids.data[0])
+            order.append((plist_data(&e.pl)[0], column_of[ck], ck))
+        order.sort()
+        self._colkeys[k0:] = [ck for _, _, ck in order]
+        return 0
+
+    cdef int _rollback_columns(self, offset_t base, Py_ssize_t n_terms_before,
+                               Py_ssize_t nbytes_before, list touched) except -1:
+        """Undo what a failed ``add_columns`` changed: the builder is as before."""
+        cdef _Column col
+        cdef TEntry* e
+        cdef size_t t
+        for col, k, _ in touched:
+            for t in range(col.tids.n):  # the batch's rows are the last of each posting list
+                e = self._find_tid(col.tids.data[t])
+                while e.pl.n and e.pl.last >= base:
+                    plist_pop(&e.pl)
+            col.offs.n = <size_t>k
+            col_cut(col)
+        self._drop_terms(n_terms_before)
+        self._nbytes = nbytes_before
+        return 0
+
     def _test_fail_commit_at(self, n):
-        """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term.
+        """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term,
+        and ``add_columns`` before indexing its ``n``-th value (column after column).
 
         The walk validates everything, so only an allocation failure can interrupt the
         second phase; this makes that rollback path testable. ``-1`` turns it off.

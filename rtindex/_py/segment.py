@@ -52,9 +52,33 @@ class SegmentBuilder:
         """Index ``doc`` as the next row; returns its offset. All or nothing on SchemaError."""
         if not isinstance(doc, dict):
             raise SchemaError(f"a document must be a JSON object, not {type(doc).__name__}")
+        return self._apply(*self._index(doc))
+
+    def add_columns(self, names, arrays) -> int:
+        """Index the rows of ``arrays`` (pyarrow Arrays of ``columns.INDEXABLE_TYPES``, the
+        columns ``names``) as the next rows; returns the offset of the first.
+
+        The same as ``add(dict(zip(names, row)))`` for each row, a row's values as
+        ``Array.to_pylist()`` gives them (a null is a JSON null), and all or nothing: every
+        row is walked (and so checked) before any is indexed.
+        """
+        names, arrays, _ = columns.check_batch(names, arrays)
+        rows = zip(*(arr.to_pylist() for arr in arrays))
+        indexed = [self._index(dict(zip(names, row))) for row in rows]
+        off = self._n
+        for terms, cols in indexed:
+            self._apply(terms, cols)
+        return off
+
+    def _index(self, doc: dict) -> tuple[list[bytes], list[tuple[bytes, Any]]]:
+        """The terms and column values of ``doc``, or SchemaError (nothing changes)."""
         terms: list[bytes] = []
         cols: list[tuple[bytes, Any]] = []
         self._walk_object(doc, (), [], 1, False, terms, cols)
+        return terms, cols
+
+    def _apply(self, terms: list[bytes], cols: list[tuple[bytes, Any]]) -> int:
+        """Add a walked document's terms and column values as the next row."""
         off = self._n
         for t in terms:
             plist = self._postings.get(t)

@@ -229,6 +229,31 @@ def _close_all() -> None:
         engine.close()
 
 
+_json_local = threading.local()
+
+
+def json_objects(names: list[str], arrays: list[pa.Array]) -> pa.Array:
+    """Each row's JSON object text, keys ``names`` in order, by DuckDB's ``json_object``:
+    how a table ingested column-wise gets its rows' text (rtindex.columnar). The names are
+    bound as parameters, so any text is a key, as it is to a dict. Runs in this thread's
+    own in-memory database, locked down as the query engine's is and on one thread (the
+    caller's, which DuckDB releases the GIL for), not in a Database's query engine."""
+    con = getattr(_json_local, "con", None)
+    if con is None:
+        con = duckdb.connect(":memory:", config={**_CONFIG, "threads": 1})
+        for statement in _LOCKDOWN:
+            con.execute(statement)
+        _json_local.con = con
+    batch = pa.record_batch(arrays, names=[f"c{i}" for i in range(len(arrays))])
+    members = ", ".join(f"${i + 1}, c{i}" for i in range(len(arrays)))
+    con.register("batch", batch)
+    try:
+        text = con.sql(f"SELECT json_object({members}) FROM batch", params=names).to_arrow_table().column(0)
+    finally:
+        con.unregister("batch")
+    return text.combine_chunks() if text.num_chunks != 1 else text.chunk(0)
+
+
 def _hugeint_as_bigint(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:
     """DuckDB sums integers into 128-bit HUGEINTs, which Arrow carries as decimal128(38, 0):
     a Python Decimal per value, and an object column in pandas, where a user expects the
