@@ -59,8 +59,9 @@ class Input:
     tell: Callable[[], int] | None = None  # bytes of the file read so far (unit "B")
     # a table's record batches of at most batch_size rows, with the position of their first
     # row: what ``items`` yields, before it is made dicts (Collection.ingest indexes them
-    # column-wise, rtindex.columnar). A consumer reads one of the two, never both.
-    batches: Iterator[tuple[int, pa.RecordBatch]] | None = None
+    # column-wise, rtindex.columnar); a list of (position, document) instead for a part of
+    # a DataFrame that Arrow cannot hold exactly. A consumer reads one of the two, never both.
+    batches: Iterator[tuple[int, pa.RecordBatch | list[tuple[int, dict]]]] | None = None
     _close: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __enter__(self) -> Input:
@@ -90,7 +91,9 @@ def open_input(docs: Any, batch_size: int) -> Input:
     # a DataFrame exists only if pandas was imported (maybe still being imported, in another thread)
     dataframe = getattr(sys.modules.get("pandas"), "DataFrame", None)
     if dataframe is not None and isinstance(docs, dataframe):
-        return Input(_dataframe_rows(docs, batch_size), total=len(docs))
+        slices = _dataframe_slices(docs, batch_size)
+        return Input(itertools.chain.from_iterable(itertools.starmap(slice_rows, slices)), total=len(docs),
+                     batches=slices)
     if isinstance(docs, pa.Table):
         return _table_input(docs.to_batches(max_chunksize=batch_size), batch_size, docs.num_rows)
     if isinstance(docs, pa.RecordBatch):
@@ -213,14 +216,39 @@ def _is_json(line: bytes | str) -> bool:
 
 
 # -- tables ------------------------------------------------------------------------------
-def _dataframe_rows(df: Any, batch_size: int) -> Iterator[tuple[int, dict]]:
+def _dataframe_slices(df: Any, batch_size: int) -> Iterator[tuple[int, pa.RecordBatch | list[tuple[int, dict]]]]:
+    """``df`` (named index levels first, as fields) ``batch_size`` rows at a time: a record
+    batch of what the rows mean, or the rows themselves where a column holds values Arrow
+    would change (an object column of anything but strings: ints and floats mixed, dicts),
+    or that has no column."""
     levels = [i for i, n in enumerate(df.index.names) if n is not None]
     names = _field_names([df.index.names[i] for i in levels] + list(df.columns))
     for start in range(0, len(df), batch_size):
         part = df.iloc[start:start + batch_size]
         cols = [part.index.get_level_values(i) for i in levels] + [part.iloc[:, j] for j in range(part.shape[1])]
-        values = [_pandas_values(c, name == "_event_time") for name, c in zip(names, cols)]
-        yield from _rows(names, values, len(part), start)
+        arrays = [_arrow_of_pandas(c) for c in cols]
+        if arrays and all(a is not None for a in arrays):  # (no column: a batch would have no rows)
+            yield start, pa.RecordBatch.from_arrays(arrays, names=names)
+        else:
+            values = [_pandas_values(c, name == "_event_time") for name, c in zip(names, cols)]
+            yield start, list(_rows(names, values, len(part), start))
+
+
+def _arrow_of_pandas(col: Any) -> pa.Array | None:
+    """A DataFrame column (or index level) as Arrow holds it, when the JSON values of its cells
+    are what the array's values read (see batch_rows); else None."""
+    try:
+        arr = pa.array(col, from_pandas=True)  # NaN and None are nulls, as _pandas_values has them
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
+    if col.dtype == object and not (pa.types.is_string(arr.type) or pa.types.is_null(arr.type)):
+        return None  # ints and floats mixed become floats, other objects change
+    return arr
+
+
+def slice_rows(first: int, part: pa.RecordBatch | list[tuple[int, dict]]) -> Iterable[tuple[int, dict]]:
+    """(position, document) of each row of an Input's batch (its first row at ``first``)."""
+    return part if isinstance(part, list) else batch_rows(first, part)
 
 
 def _table_input(batches: Iterable[pa.RecordBatch], batch_size: int, total: int | None = None) -> Input:
