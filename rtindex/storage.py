@@ -58,14 +58,13 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, creat
     # LZ4 primed with a 16 KiB dictionary sampled from each SST file: 100k RockBench rows
     # (126.6 MB of JSON) take 47.5 MB instead of 77.5 for a get of 7.0 us instead of 4.9
     # with the block uncached; ZSTD with a trained dictionary takes 29.5 MB but 12.5 us a
-    # get (measured, docs/benchmarks.md). Written by LZ4HC at level 4, which the LZ4 decoder
-    # reads as fast, 17% smaller (300k product_clicks rows: 14.8 -> 12.4 MB; levels 9: 12.2,
-    # 2: 14.5), its extra CPU in RocksDB's background threads: events ingest unchanged
-    # (22.5k vs 23.2k docs/s, medians of 3, alternating). One type for every level: row ids
-    # only grow, so compactions move files down without rewriting them and a
-    # bottommost-only setting would never apply.
-    o.set_compression_type(DBCompressionType.lz4hc())
-    o.set_compression_options(-14, 4, 0, 16 << 10)
+    # get (measured, docs/benchmarks.md). LZ4HC level 4 (the same decoder, as fast) makes
+    # rows 17% smaller (300k product_clicks rows: 14.8 -> 12.4 MB), but its CPU competes
+    # with the sealer for the second core: TSBS ingest 12% slower, clicks 5% (medians of 3,
+    # alternating). One type for every level: row ids only grow, so compactions move files
+    # down without rewriting them and a bottommost-only setting would never apply.
+    o.set_compression_type(DBCompressionType.lz4())
+    o.set_compression_options(-14, 0, 0, 16 << 10)
     o.set_max_background_jobs(2)
     o.set_write_buffer_size(16 << 20)
     if wbm is not None:
