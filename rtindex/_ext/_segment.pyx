@@ -105,11 +105,20 @@ cdef extern from "Python.h":
         pass
     # Renamed so that Cython does not add its own error check: callers test the result.
     int _list_append "PyList_Append"(object lst, object item)
-    # What hash() of a str computes over the str's characters as stored (see ascii_hash).
-    Py_hash_t _Py_HashBytes(const void* src, Py_ssize_t n) noexcept
 
 cdef extern from *:
     """
+    /* What hash() of a str computes over its characters as stored (see ascii_hash):
+       public as Py_HashBuffer from 3.14; 3.13 still exports _Py_HashBytes but no longer
+       declares it. */
+    #if PY_VERSION_HEX >= 0x030E0000
+    #define rt_hash_bytes(p, n) Py_HashBuffer((p), (n))
+    #else
+    #if PY_VERSION_HEX >= 0x030D0000
+    PyAPI_FUNC(Py_hash_t) _Py_HashBytes(const void *, Py_ssize_t);
+    #endif
+    #define rt_hash_bytes(p, n) _Py_HashBytes((p), (n))
+    #endif
     #define RT_GOLDEN 0x9E3779B97F4A7C15ULL
     #define RT_MIX1 0xBF58476D1CE4E5B9ULL
     #define RT_MIX2 0x94D049BB133111EBULL
@@ -131,6 +140,7 @@ cdef extern from *:
     }
     """
     void rt_prefetch(const void* p) noexcept nogil
+    Py_hash_t rt_hash_bytes(const void* src, Py_ssize_t n) noexcept
     size_t rt_room(size_t used, size_t least) noexcept nogil
     const void* rt_str_data(PyObject* s, int* kind, Py_ssize_t* n, int* ascii) noexcept nogil
     const uint64_t RT_GOLDEN
@@ -276,10 +286,10 @@ cdef inline uint64_t ascii_hash(const unsigned char* p, Py_ssize_t n) noexcept:
     """``hash()`` of the ASCII str whose characters are ``p[:n]``, without making the str.
 
     CPython hashes a str's characters as it stores them, one byte each for ASCII, with
-    ``_Py_HashBytes``; ``check_ascii_hash`` makes sure of that at import, since string terms
+    ``rt_hash_bytes``; ``check_ascii_hash`` makes sure of that at import, since string terms
     are keyed by ``hash(str)`` (``add``) and by this (``add_columns``) in the same table.
     """
-    return <uint64_t>_Py_HashBytes(p, n)
+    return <uint64_t>rt_hash_bytes(p, n)
 
 
 cdef int check_ascii_hash() except -1:
