@@ -320,6 +320,27 @@ cdef inline bint bit_at(const unsigned char* bits, Py_ssize_t i) noexcept nogil:
     return (bits[i >> 3] >> (i & 7)) & 1
 
 
+cdef inline void put_bit(Buf* b, size_t k, bint on) noexcept nogil:
+    """Set value ``k`` of a BOOL column's bits (room reserved) to ``on``; a new byte is
+    counted in ``b.n``. The bit is written either way: a failed add may have left it set."""
+    cdef unsigned char* p = b.data + (k >> 3)
+    cdef unsigned char bit = <unsigned char>(1 << (k & 7))
+    if (k & 7) == 0:
+        p[0] = 0
+        b.n += 1
+    p[0] = (p[0] & ~bit) | (bit if on else 0)
+
+
+cdef inline uint64_t int_key(uint64_t bits) noexcept nogil:
+    """The term table key of an int64 (its bits): order-preserving, as keys.encode_int."""
+    return bits ^ RT_SIGN
+
+
+cdef inline uint64_t float_key(uint64_t bits) noexcept nogil:
+    """The term table key of a double (its bits): order-preserving, as keys.encode_float."""
+    return ~bits if bits & RT_SIGN else bits | RT_SIGN
+
+
 cdef Py_ssize_t first_non_finite(const unsigned char* data, const unsigned char* valid,
                                  Py_ssize_t start, Py_ssize_t n) noexcept nogil:
     """The first row (of ``n`` from ``start``) of a double array that is not null and not
@@ -1271,7 +1292,6 @@ cdef class SegmentBuilder:
         cdef int tag = col.tag
         cdef int64_t end
         cdef unsigned char* p
-        cdef unsigned char bit
         if self._n_doc_cols == self._cap_doc_cols:
             cap = self._cap_doc_cols * 2 if self._cap_doc_cols else 64
             self._doc_cols = <PyObject**>safe_realloc(self._doc_cols, cap, sizeof(PyObject*))
@@ -1295,13 +1315,7 @@ cdef class SegmentBuilder:
             memcpy(col.ends.data + col.ends.n, &end, sizeof(int64_t))
             col.ends.n += sizeof(int64_t)
         elif tag == BOOL_TAG:
-            p = col.vals.data + (k >> 3)
-            bit = <unsigned char>(1 << (k & 7))
-            if (k & 7) == 0:
-                p[0] = 0
-                col.vals.n += 1
-            # (a failed add may have left this bit set)
-            p[0] = (p[0] & ~bit) | (bit if (<const unsigned char*>v)[0] else 0)
+            put_bit(&col.vals, k, (<const unsigned char*>v)[0])
         elif tag != NULL_TAG:
             memcpy(p, v, n)
             col.vals.n += n
@@ -1652,7 +1666,7 @@ cdef class SegmentBuilder:
             col = node.c_int
             if col is None:
                 col = self._new_column(node, INT_TAG)
-        self._queue(col, (<uint64_t>x) ^ RT_SIGN, None)
+        self._queue(col, int_key(<uint64_t>x), None)
         if not in_array:
             self._col_add(col, &x, 8, None)
         return 0
@@ -1672,8 +1686,7 @@ cdef class SegmentBuilder:
         if col is None:
             col = self._new_column(node, FLOAT_TAG)
         memcpy(&bits, &d, 8)
-        bits = ~bits if bits & RT_SIGN else bits | RT_SIGN
-        self._queue(col, bits, None)
+        self._queue(col, float_key(bits), None)
         if not in_array:
             self._col_add(col, &d, 8, None)
         return 0
@@ -1880,16 +1893,13 @@ cdef class SegmentBuilder:
         bits, NULL when no value is null (else the nulls go to ``ncol``)."""
         cdef Py_ssize_t i, ahead
         cdef size_t before = col_bytes(col) + (col_bytes(ncol) if ncol is not None else 0)
-        cdef size_t k, slot
+        cdef size_t k
         cdef int tag = col.tag
         cdef uint32_t cid1 = col.cid + 1
         cdef uint64_t key, bits
         cdef int64_t x
         cdef double d
         cdef offset_t off
-        cdef unsigned char bit
-        cdef unsigned char* p
-        cdef TEntry* e
         cdef TEntry* null_e = NULL
         cdef TEntry* null_table = NULL  # the table null_e points into
         u32_reserve(&col.offs, <size_t>n)
@@ -1910,39 +1920,22 @@ cdef class SegmentBuilder:
                 memcpy(&d, data + (start + i) * 8, 8)
                 d = d + 0.0  # -0.0 -> 0.0
                 memcpy(&bits, &d, 8)
-                key = ~bits if bits & RT_SIGN else bits | RT_SIGN
+                key = float_key(bits)
             else:
                 memcpy(&x, data + (start + i) * 8, 8)
-                key = (<uint64_t>x) ^ RT_SIGN
+                key = int_key(<uint64_t>x)
             # The slot of a row a few ahead is on its way while this one is resolved.
             ahead = i + 8
             if ahead < n and tag != BOOL_TAG:
                 memcpy(&bits, data + (start + ahead) * 8, 8)
-                if tag == FLOAT_TAG:
-                    bits = ~bits if bits & RT_SIGN else bits | RT_SIGN
-                else:
-                    bits ^= RT_SIGN
+                bits = float_key(bits) if tag == FLOAT_TAG else int_key(bits)
                 rt_prefetch(&self._table[mix(bits, cid1) & self._mask])
-            slot = mix(key, cid1) & self._mask
-            while True:
-                e = &self._table[slot]
-                if e.cid1 == 0:
-                    e = self._insert(col, key, None)
-                    break
-                if e.cid1 == cid1 and e.key == key:
-                    break
-                slot = (slot + 1) & self._mask
-            self._post_at(e, off)
+            self._post_at(self._term(col, key), off)
             k = col.offs.n
             col.offs.data[k] = off
             col.offs.n = k + 1
             if tag == BOOL_TAG:
-                p = col.vals.data + (k >> 3)
-                bit = <unsigned char>(1 << (k & 7))
-                if (k & 7) == 0:
-                    p[0] = 0
-                    col.vals.n += 1
-                p[0] = (p[0] & ~bit) | (bit if key else 0)  # (a failed call may have left it set)
+                put_bit(&col.vals, k, key)
             elif tag == FLOAT_TAG:
                 memcpy(col.vals.data + col.vals.n, &d, 8)
                 col.vals.n += 8
