@@ -544,8 +544,12 @@ def run_factory(tmp_path, rand):
         r.cleanup()
 
 
-def _sequence(run: Run, shards_strict: bool, delay_ms: float = 1.0) -> list[dict]:
-    w = run.start_writer(delay_ms=delay_ms, go=True)
+def _sequence(run: Run, shards_strict: bool) -> list[dict]:
+    # The writer sleeps 2 ms between steps so that each reader sees the sequence go by (the
+    # checks below ask for 10 distinct states). With 1 ms, once ingest's write loop got
+    # faster, a reader saw only 9 in 4 of 30 runs of the 3-shard test and in one CI run of
+    # the 1-shard one: timing, not a wrong read. With 2 ms, 30 of 30 passed.
+    w = run.start_writer(delay_ms=2.0, go=True)
     run.start_readers(2)
     Path(run.go).touch()
     run.note("go")
@@ -566,10 +570,7 @@ def test_two_reader_processes_multi_shard(run_factory):
     """Per shard, every read is a prefix of the writer's batches. Across shards it need not be
     (docs/reference.md): an ingest writes its shards one after another."""
     run = run_factory(steps=250, shards=3)
-    # A read of 3 shards takes ~3x one shard's. With 1 ms between steps, a reader saw fewer
-    # than 10 states in 4 runs of 30 once ingest's write loop got faster (1 in 30 before):
-    # timing, not a wrong read. With 2 ms, 30 of 30 passed.
-    summary = _sequence(run, False, delay_ms=2.0)
+    summary = _sequence(run, False)
     assert all(s["prefixes"] >= 10 for s in summary), summary
 
 
