@@ -301,6 +301,24 @@ def test_same_as_reference_many_terms():
 
 
 @needs_ext
+def test_term_table_past_a_huge_page():
+    # ~50k distinct terms grow the compiled term table past 2 MiB, from where it lives on
+    # its own huge-page mapping (huge_zalloc); every term must still be found, and growing
+    # and freeing it again (a second builder) must work too.
+    docs = [{"id": f"ev-{i}", "n": i * 3} for i in range(25_000)]
+    ref = PySegmentBuilder()
+    for d in docs:
+        ref.add(d)
+    expected = [(t, a.tolist()) for t, a in ref.sorted_postings()]
+    for _ in range(2):
+        cy = CySegmentBuilder()
+        for d in docs:
+            cy.add(d)
+        assert [(t, a.tolist()) for t, a in cy.sorted_postings()] == expected
+        assert all(cy.postings(t, 10**9).tolist() == a for t, a in expected[::97])
+
+
+@needs_ext
 def test_same_as_reference_deep_nesting():
     doc = leaf = {}
     for _ in range(150):

@@ -76,7 +76,7 @@ from rtindex._ext._blocks cimport (
     _w_put,
     _w_size,
 )
-from rtindex._ext._types cimport offset_t, safe_realloc, term_id_t
+from rtindex._ext._types cimport huge_free, huge_zalloc, offset_t, safe_realloc, term_id_t
 
 import os
 
@@ -960,8 +960,7 @@ cdef class SegmentBuilder:
     def __cinit__(self, *args, **kwargs):
         self._root = _Node()
         self._root.enc = b""
-        self._table = <TEntry*>safe_realloc(NULL, TABLE_MIN, sizeof(TEntry))
-        memset(self._table, 0, TABLE_MIN * sizeof(TEntry))
+        self._table = <TEntry*>huge_zalloc(TABLE_MIN, sizeof(TEntry))
         self._mask = TABLE_MIN - 1
         self._vals = []
         self._cols = []
@@ -978,7 +977,7 @@ cdef class SegmentBuilder:
             for i in range(self._mask + 1):
                 if self._table[i].cid1:
                     plist_free(&self._table[i].pl)
-            free(self._table)
+            huge_free(self._table, self._mask + 1, sizeof(TEntry))
             self._table = NULL
         if self._tid_key != NULL:
             free(self._tid_key)
@@ -1139,8 +1138,7 @@ cdef class SegmentBuilder:
         """Double the table (rehashing from the stored keys: no Python object is touched)."""
         cdef size_t old_slots = self._mask + 1, slots = old_slots * 2, mask = slots - 1, i, j
         cdef TEntry* old = self._table
-        cdef TEntry* new = <TEntry*>safe_realloc(NULL, slots, sizeof(TEntry))
-        memset(new, 0, slots * sizeof(TEntry))
+        cdef TEntry* new = <TEntry*>huge_zalloc(slots, sizeof(TEntry))
         for i in range(old_slots):
             if old[i].cid1:
                 j = mix(old[i].key, old[i].cid1) & mask
@@ -1149,7 +1147,7 @@ cdef class SegmentBuilder:
                 new[j] = old[i]
         self._table = new
         self._mask = mask
-        free(old)
+        huge_free(old, old_slots, sizeof(TEntry))
         return 0
 
     cdef void _delete_slot(self, size_t i) noexcept:
