@@ -40,11 +40,17 @@ cdef struct PList:
     PData d  # the offsets
 
 
+cdef struct TSlot:
+    uint64_t key  # the term's TEntry.key (compared here, so a probe reads no entry)
+    uint32_t cid1  # column id + 1; 0 marks an empty slot
+    term_id_t tid  # the term: index in SegmentBuilder._terms
+
+
 cdef struct TEntry:
     uint64_t key  # value key: encoded int/float/timestamp, 0/1 for bools, 0 for null and
                   # markers, hash(str) for strings (then checked against the stored str)
-    uint32_t cid1  # column id + 1; 0 marks an empty slot
-    term_id_t tid  # term id: creation order, index of the per-term arrays
+    uint32_t cid1  # column id + 1
+    term_id_t tid  # term id: creation order, this entry's index in _terms
     PyObject* sv  # (borrowed from _vals) the str of a STRING term, else NULL
     PList pl  # the term's postings
 
@@ -58,7 +64,7 @@ cdef struct Pending:
 cdef struct SortItem:
     uint64_t key  # sort key at the current depth: TEntry.key for numeric terms; for strings
                   # 8 bytes of the encoded value (big-endian, zero-padded), the first 8 first
-    TEntry* e  # the term's entry (the table cannot move while a TermSort exists)
+    TEntry* e  # the term's entry (the terms cannot move while a TermSort exists)
     const unsigned char* v  # string term: its encoded value (escaped UTF-8 + 00 00) in
                             # the TermSort arena, its length in the 8 bytes before; else NULL
 
@@ -79,7 +85,7 @@ cdef struct TermSort:
     const unsigned char** ck  # rank -> column key bytes (borrowed: the _Column objects own them)
     Py_ssize_t* ck_len  # rank -> column key length
     unsigned char* ck_tag  # rank -> type tag
-    TEntry** cand  # entries whose postings may encode as roaring (>= 64 rows), in table order
+    TEntry** cand  # entries whose postings may encode as roaring (>= 64 rows), in term order
     size_t n_cand  # entries of cand in use
     size_t cand_cap  # entries of cand allocated
     const unsigned char** ser  # write_blocks: cand i -> its serialized BitMap (borrowed), NULL: raw
@@ -130,13 +136,12 @@ cdef class SegmentBuilder:
     cdef Pending* _pend  # scratch: terms of the row being added, in walk order (then resolved)
     cdef size_t _n_pend  # entries of _pend in use
     cdef size_t _cap_pend  # entries of _pend allocated
-    cdef TEntry* _table  # open-addressing (linear probing) term table: (column, key) -> term
+    cdef TSlot* _table  # open-addressing (linear probing) term table: (column, key) -> term id
     cdef size_t _mask  # table slots - 1 (slots: a power of two)
     cdef size_t _count  # occupied slots (== _n_terms)
-    cdef uint64_t* _tid_key  # term id -> TEntry.key (to find a term's slot again)
-    cdef uint32_t* _tid_cid  # term id -> column id
+    cdef TEntry* _terms  # term id -> the term (dense, in creation order; moves as it grows)
     cdef Py_ssize_t _n_terms  # distinct terms
-    cdef Py_ssize_t _cap_terms  # entries of _tid_key / _tid_cid allocated
+    cdef Py_ssize_t _cap_terms  # entries of _terms allocated
     cdef list _vals  # term id -> value (the str of a STRING term; None or the value otherwise)
     cdef list _cols  # column id -> _Column
     cdef dict _colobjs  # column key -> _Column (including ones without any term yet)
@@ -155,6 +160,8 @@ cdef class SegmentBuilder:
 
     cdef TEntry* _find(self, uint32_t cid, uint64_t key, str sv)
     cdef TEntry* _find_tid(self, Py_ssize_t tid)
+    cdef size_t _slot_of(self, Py_ssize_t tid)
+    cdef size_t _likely_tid(self, uint64_t key, uint32_t cid1) noexcept
     cdef TEntry* _insert(self, _Column col, uint64_t key, object sv) except NULL
     cdef int _grow_table(self) except -1
     cdef void _delete_slot(self, size_t i) noexcept
@@ -197,7 +204,7 @@ cdef class SegmentBuilder:
                          list touched) except -1
     cdef TEntry* _term(self, _Column col, uint64_t key) except NULL
     cdef int _post_at(self, TEntry* e, offset_t off) except -1
-    cdef int _add_null(self, _Column ncol, offset_t off, TEntry** null_e, TEntry** null_table) except -1
+    cdef int _add_null(self, _Column ncol, offset_t off, TEntry** null_e, TEntry** null_terms) except -1
     cdef int _add_nulls(self, _Column ncol, Py_ssize_t n, offset_t base) except -1
     cdef int _add_fixed(self, _Column col, _Column ncol, const unsigned char* data,
                         const unsigned char* valid, Py_ssize_t start, Py_ssize_t n,

@@ -10,11 +10,15 @@ them new in a high-cardinality stream):
   encoded once per segment, not once per document. Members usually come in the order of the
   previous document, so each node predicts its next sibling and confirms the prediction by
   key identity (orjson reuses key objects): most members cost no dict lookup at all;
-- terms live in one open-addressing C hash table keyed by (column id, 64-bit value key):
-  ints, floats and timestamps are keyed by their 8-byte encoding (exact, no compare), strings
-  by ``hash(str)`` and then compared with the stored str. The posting list sits inside the
-  table entry, so an existing term costs one cache miss, not the three or four of a dict of
-  terms plus a separate posting array;
+- terms are found through one open-addressing C hash table keyed by (column id, 64-bit
+  value key): ints, floats and timestamps are keyed by their 8-byte encoding (exact, no
+  compare), strings by ``hash(str)`` and then compared with the stored str. A slot is 16
+  bytes (key, column, term id); the term itself (its str and posting list) is an entry of
+  ``_terms``, a dense array in creation order. An existing term costs two cache misses, but
+  the table is small: each doubling of it is memory fresh from the kernel, which zeroes it
+  (on a VM, ~1.4 GB/s: measured with perf, most of the ingest thread's page-fault time was
+  this), and 40-byte slots made 2.5x as much of it. The table lives on transparent huge
+  pages from 2 MiB (``huge_zalloc``): fewer faults, fewer TLB misses on probes;
 - term *bytes* are not built while indexing: a term keeps its column and value, and the
   bytes are made when read (``column_terms``, ``postings``, ``sorted_postings``); the seal
   (``write_blocks``) never makes them as Python objects: it sorts the terms and encodes the
@@ -30,15 +34,16 @@ them new in a high-cardinality stream):
 - ``add`` works in two phases. The walk validates every value, fills the column store and
   queues the document's terms, prefetching their table slots; then ``_commit`` resolves the
   queue in walk order, by when the slots (a cache miss each in a large table) have arrived
-  together instead of one after another. A SchemaError can only come from the walk, before
+  together instead of one after another (and for strings, prefetches the entries and then
+  their strs before comparing). A SchemaError can only come from the walk, before
   any term is touched; whatever fails, ``_rollback`` undoes what the document added
   (postings ending with its offset, the terms it created, column values): all or nothing.
 
 Not thread-safe, like the reference: one writer at a time, readers between ``add`` calls
 (``rtindex.shard.Shard`` holds a lock around both). ``write_blocks`` releases the GIL (for
 all but the BitMap work and making its output), ``column``/``columns`` while copying many
-bytes; ``add`` raises RuntimeError meanwhile, so nothing moves the table or a buffer under
-them. Other reads keep the GIL: copying a posting list is a memcpy of at most a few MB.
+bytes; ``add`` raises RuntimeError meanwhile, so nothing moves the table, the terms or a
+buffer under them. Other reads keep the GIL: copying a posting list is a memcpy of at most a few MB.
 """
 
 cimport cython
@@ -177,6 +182,7 @@ cdef enum:
 
 cdef offset_t MAX_ROWS = 0xFFFFFFFF  # offsets and term ids are uint32
 cdef uint64_t NO_LIMIT = 0x100000000  # above every offset
+cdef size_t NO_TERM = <size_t>-1  # _likely_tid: no such term
 cdef array _U32 = array("I")  # template for clone(); typecode "I" is 4 bytes here
 # Secret per process, so that crafted ints cannot be made to collide in the term table.
 cdef uint64_t _SEED = int.from_bytes(os.urandom(8), "little")
@@ -682,7 +688,7 @@ cdef inline uint64_t be_prefix(const unsigned char* p, size_t n) noexcept nogil:
 
 cdef enum:
     STR_AHEAD = 16  # add_columns hashes string values this many rows ahead (prefetching slots)
-    PREFETCH_SLOTS = 64  # the table scan prefetches the str of the slot this far ahead
+    PREFETCH_SLOTS = 64  # the term scan prefetches the str of the term this far ahead
     PREFETCH_ITEMS = 8  # encode_blocks prefetches postings this many terms ahead (entries: 2x)
     ARENA_CHUNK = 1 << 20  # bytes of one arena chunk (more for a longer string)
     SMALL_SORT = 32  # below this many items: insertion sort
@@ -857,7 +863,7 @@ cdef void sort_free(TermSort* s) noexcept nogil:
 
 
 cdef inline size_t find_cand(const TermSort* s, const TEntry* e) noexcept nogil:
-    """Index in ``s.cand`` of ``e`` (one of them: cand is in table order)."""
+    """Index in ``s.cand`` of ``e`` (one of them: cand is in term order, so by address)."""
     cdef size_t lo = 0, hi = s.n_cand, mid
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -884,7 +890,7 @@ cdef int encode_blocks(TermSort* s, WState* w, BlockOut* out) noexcept nogil:
     cdef unsigned char buf[8]
     cdef int rc
     for i in range(s.n):
-        # Terms come in sorted order, their entries and strings in table order: prefetch.
+        # Terms come in sorted order, their entries and strings in creation order: prefetch.
         if i + 2 * PREFETCH_ITEMS < s.n:
             rt_prefetch(s.items[i + 2 * PREFETCH_ITEMS].e)
             if s.items[i + 2 * PREFETCH_ITEMS].v != NULL:
@@ -960,7 +966,7 @@ cdef class SegmentBuilder:
     def __cinit__(self, *args, **kwargs):
         self._root = _Node()
         self._root.enc = b""
-        self._table = <TEntry*>huge_zalloc(TABLE_MIN, sizeof(TEntry))
+        self._table = <TSlot*>huge_zalloc(TABLE_MIN, sizeof(TSlot))
         self._mask = TABLE_MIN - 1
         self._vals = []
         self._cols = []
@@ -972,19 +978,15 @@ cdef class SegmentBuilder:
         self.max_depth = max_depth
 
     def __dealloc__(self):
-        cdef size_t i
+        cdef Py_ssize_t tid
         if self._table != NULL:
-            for i in range(self._mask + 1):
-                if self._table[i].cid1:
-                    plist_free(&self._table[i].pl)
-            huge_free(self._table, self._mask + 1, sizeof(TEntry))
+            huge_free(self._table, self._mask + 1, sizeof(TSlot))
             self._table = NULL
-        if self._tid_key != NULL:
-            free(self._tid_key)
-            self._tid_key = NULL
-        if self._tid_cid != NULL:
-            free(self._tid_cid)
-            self._tid_cid = NULL
+        if self._terms != NULL:
+            for tid in range(self._n_terms):
+                plist_free(&self._terms[tid].pl)
+            free(self._terms)
+            self._terms = NULL
         if self._doc_terms.data != NULL:
             free(self._doc_terms.data)
             self._doc_terms.data = NULL
@@ -1031,8 +1033,8 @@ cdef class SegmentBuilder:
         cdef size_t n = <size_t>self._n_terms, slots = TABLE_MIN
         while n * 8 > slots * 5:  # the table doubles past 5/8 load
             slots *= 2
-        return (self._nbytes + slots * sizeof(TEntry)
-                + rt_room(n, 1024) * (sizeof(uint64_t) + sizeof(uint32_t))  # _tid_key, _tid_cid
+        return (self._nbytes + slots * sizeof(TSlot)
+                + rt_room(n, 1024) * sizeof(TEntry)  # _terms
                 + (n + (n >> 3) + 6) * sizeof(PyObject*))  # _vals (as a list over-allocates)
 
     # ------------------------------------------------------------ add
@@ -1098,11 +1100,11 @@ cdef class SegmentBuilder:
         while tid >= n_terms_before:
             e = self._find_tid(tid)
             plist_free(&e.pl)
-            col = <_Column>self._cols[self._tid_cid[tid]]
+            col = <_Column>self._cols[e.cid1 - 1]
             col.tids.n -= 1
             if col.tids.n == 0:
                 self._colkeys.pop()
-            self._delete_slot(<size_t>(e - self._table))
+            self._delete_slot(self._slot_of(tid))
             tid -= 1
         del self._vals[n_terms_before:]
         self._n_terms = n_terms_before
@@ -1115,30 +1117,36 @@ cdef class SegmentBuilder:
         cdef uint32_t cid1 = cid + 1
         cdef size_t mask = self._mask
         cdef size_t i = mix(key, cid1) & mask
+        cdef TSlot* t
         cdef TEntry* e
         while True:
-            e = &self._table[i]
-            if e.cid1 == 0:
+            t = &self._table[i]
+            if t.cid1 == 0:
                 return NULL
-            if e.cid1 == cid1 and e.key == key:
+            if t.cid1 == cid1 and t.key == key:
+                e = &self._terms[t.tid]
                 if sv is None or e.sv == <PyObject*>sv or (<str>e.sv) == sv:
                     return e
             i = (i + 1) & mask
 
     cdef TEntry* _find_tid(self, Py_ssize_t tid):
         """The entry of term ``tid`` (which exists)."""
-        cdef uint32_t cid1 = self._tid_cid[tid] + 1
+        return &self._terms[tid]
+
+    cdef size_t _slot_of(self, Py_ssize_t tid):
+        """The table slot of term ``tid`` (which exists)."""
+        cdef TEntry* e = &self._terms[tid]
         cdef size_t mask = self._mask
-        cdef size_t i = mix(self._tid_key[tid], cid1) & mask
-        while self._table[i].tid != tid or self._table[i].cid1 != cid1:
+        cdef size_t i = mix(e.key, e.cid1) & mask
+        while self._table[i].tid != tid or self._table[i].cid1 != e.cid1:
             i = (i + 1) & mask
-        return &self._table[i]
+        return i
 
     cdef int _grow_table(self) except -1:
         """Double the table (rehashing from the stored keys: no Python object is touched)."""
         cdef size_t old_slots = self._mask + 1, slots = old_slots * 2, mask = slots - 1, i, j
-        cdef TEntry* old = self._table
-        cdef TEntry* new = <TEntry*>huge_zalloc(slots, sizeof(TEntry))
+        cdef TSlot* old = self._table
+        cdef TSlot* new = <TSlot*>huge_zalloc(slots, sizeof(TSlot))
         for i in range(old_slots):
             if old[i].cid1:
                 j = mix(old[i].key, old[i].cid1) & mask
@@ -1147,13 +1155,13 @@ cdef class SegmentBuilder:
                 new[j] = old[i]
         self._table = new
         self._mask = mask
-        huge_free(old, old_slots, sizeof(TEntry))
+        huge_free(old, old_slots, sizeof(TSlot))
         return 0
 
     cdef void _delete_slot(self, size_t i) noexcept:
         """Empty slot ``i``, shifting later entries of its probe run back (no tombstones)."""
         cdef size_t mask = self._mask, j = i, k
-        cdef TEntry* t = self._table
+        cdef TSlot* t = self._table
         while True:
             j = (j + 1) & mask
             if t[j].cid1 == 0:
@@ -1179,8 +1187,7 @@ cdef class SegmentBuilder:
             self._grow_table()
         if tid == self._cap_terms:
             cap = self._cap_terms * 2 if self._cap_terms else 1024
-            self._tid_key = <uint64_t*>safe_realloc(self._tid_key, cap, sizeof(uint64_t))
-            self._tid_cid = <uint32_t*>safe_realloc(self._tid_cid, cap, sizeof(uint32_t))
+            self._terms = <TEntry*>safe_realloc(self._terms, cap, sizeof(TEntry))
             self._cap_terms = cap
         u32_reserve(&col.tids, 1)
         if _list_append(self._vals, sv) < 0:
@@ -1193,15 +1200,16 @@ cdef class SegmentBuilder:
         i = mix(key, cid1) & mask
         while self._table[i].cid1:
             i = (i + 1) & mask
-        e = &self._table[i]
+        self._table[i].key = key
+        self._table[i].cid1 = cid1
+        self._table[i].tid = <term_id_t>tid
+        e = &self._terms[tid]
         e.key = key
         e.cid1 = cid1
         e.tid = <term_id_t>tid
         e.sv = NULL if sv is None else <PyObject*>sv
         e.pl.n = 0
         e.pl.last = 0
-        self._tid_key[tid] = key
-        self._tid_cid[tid] = col.cid
         col.tids.data[col.tids.n] = <uint32_t>tid
         col.tids.n += 1
         self._count += 1
@@ -1236,22 +1244,23 @@ cdef class SegmentBuilder:
 
     cdef int _commit(self) except -1:
         """Resolve the queued terms in walk order (creating new ones) and post the row."""
-        cdef size_t i, j, mask = self._mask
+        cdef size_t i, j
         cdef Pending* p
         cdef TEntry* e
-        cdef uint32_t cid1
-        # Prefetch the stored str of each string term's likely slot, so that the compares
-        # below do not wait for them one by one.
+        # Prefetch the entry of each string term's likely slot, then its stored str, so
+        # that the compares below do not wait for them one by one.
         for i in range(self._n_pend):
             p = &self._pend[i]
             if p.sv != NULL:
-                cid1 = p.cid + 1
-                j = mix(p.key, cid1) & mask
-                while self._table[j].cid1:
-                    if self._table[j].cid1 == cid1 and self._table[j].key == p.key:
-                        rt_prefetch(self._table[j].sv)
-                        break
-                    j = (j + 1) & mask
+                j = self._likely_tid(p.key, p.cid + 1)
+                if j != NO_TERM:
+                    rt_prefetch(&self._terms[j])
+        for i in range(self._n_pend):
+            p = &self._pend[i]
+            if p.sv != NULL:
+                j = self._likely_tid(p.key, p.cid + 1)
+                if j != NO_TERM:
+                    rt_prefetch(self._terms[j].sv)
         for i in range(self._n_pend):
             if <Py_ssize_t>i == self._fail_at:
                 raise MemoryError("injected by _test_fail_commit_at()")
@@ -1262,6 +1271,16 @@ cdef class SegmentBuilder:
                 e = self._insert(<_Column>PyList_GET_ITEM(self._cols, p.cid), p.key, sv)
             self._post(e)
         return 0
+
+    cdef size_t _likely_tid(self, uint64_t key, uint32_t cid1) noexcept:
+        """The first term with this key and column (its str may differ), or NO_TERM."""
+        cdef size_t mask = self._mask
+        cdef size_t j = mix(key, cid1) & mask
+        while self._table[j].cid1:
+            if self._table[j].cid1 == cid1 and self._table[j].key == key:
+                return self._table[j].tid
+            j = (j + 1) & mask
+        return NO_TERM
 
     cdef void _release_pending(self) noexcept:
         cdef size_t i
@@ -1326,7 +1345,7 @@ cdef class SegmentBuilder:
 
     cdef bytes _term_bytes(self, Py_ssize_t tid):
         """The encoded term ``tid``: column key + encoded value."""
-        cdef _Column col = <_Column>self._cols[self._tid_cid[tid]]
+        cdef _Column col = <_Column>self._cols[self._terms[tid].cid1 - 1]
         cdef int tag = col.tag
         cdef char buf[8]
         cdef const char* s
@@ -1335,10 +1354,10 @@ cdef class SegmentBuilder:
             owner = utf8(<str>PyList_GET_ITEM(self._vals, tid), &s, &n)
             return escaped_concat(col.key, False, s, n)
         if tag == INT_TAG or tag == FLOAT_TAG or tag == TIMESTAMP_TAG:
-            put_be64(buf, self._tid_key[tid])
+            put_be64(buf, self._terms[tid].key)
             return fixed_concat(col.key, buf, 8)
         if tag == BOOL_TAG:
-            buf[0] = <char>self._tid_key[tid]
+            buf[0] = <char>self._terms[tid].key
             return fixed_concat(col.key, buf, 1)
         return col.key
 
@@ -1857,13 +1876,13 @@ cdef class SegmentBuilder:
         self._nbytes += plist_growth(n)
         return 0
 
-    cdef int _add_null(self, _Column ncol, offset_t off, TEntry** null_e, TEntry** null_table) except -1:
+    cdef int _add_null(self, _Column ncol, offset_t off, TEntry** null_e, TEntry** null_terms) except -1:
         """Index a null cell of row ``off``: the NULL term's posting (``null_e``, looked up
-        again when an insert moved the table, which ``null_table`` tells) and the column
+        again when an insert moved the terms, which ``null_terms`` tells) and the column
         store's row (``ncol.offs`` has room)."""
-        if null_e[0] == NULL or null_table[0] != self._table:
+        if null_e[0] == NULL or null_terms[0] != self._terms:
             null_e[0] = self._term(ncol, 0)
-            null_table[0] = self._table
+            null_terms[0] = self._terms
         self._post_at(null_e[0], off)
         ncol.offs.data[ncol.offs.n] = off
         ncol.offs.n += 1
@@ -1899,7 +1918,7 @@ cdef class SegmentBuilder:
         cdef double d
         cdef offset_t off
         cdef TEntry* null_e = NULL
-        cdef TEntry* null_table = NULL  # the table null_e points into
+        cdef TEntry* null_terms = NULL  # the terms null_e points into
         u32_reserve(&col.offs, <size_t>n)
         if tag == BOOL_TAG:
             buf_reserve(&col.vals, ((col.offs.n + <size_t>n + 7) >> 3) - col.vals.n)
@@ -1910,7 +1929,7 @@ cdef class SegmentBuilder:
         for i in range(n):
             off = base + <offset_t>i
             if valid != NULL and not bit_at(valid, start + i):
-                self._add_null(ncol, off, &null_e, &null_table)
+                self._add_null(ncol, off, &null_e, &null_terms)
                 continue
             if tag == BOOL_TAG:
                 key = bit_at(data, start + i)
@@ -1965,9 +1984,10 @@ cdef class SegmentBuilder:
         cdef bint ascii_value
         cdef offset_t off
         cdef const unsigned char* v
+        cdef TSlot* t
         cdef TEntry* e
         cdef TEntry* null_e = NULL
-        cdef TEntry* null_table = NULL
+        cdef TEntry* null_terms = NULL
         cdef int kind, ascii
         cdef Py_ssize_t sn
         cdef const void* sdata
@@ -1999,7 +2019,7 @@ cdef class SegmentBuilder:
                 self._hash_ahead(offsets, large, data, lo, hi, valid, start + i + STR_AHEAD, cid1,
                                  &ahead_key[i % STR_AHEAD], &ahead_ascii[i % STR_AHEAD])
             if valid != NULL and not bit_at(valid, start + i):
-                self._add_null(ncol, off, &null_e, &null_table)
+                self._add_null(ncol, off, &null_e, &null_terms)
                 continue
             v = data + a
             m = <Py_ssize_t>(b - a)
@@ -2007,11 +2027,12 @@ cdef class SegmentBuilder:
                 # Keyed like add()'s str, found by comparing the bytes: no str unless new.
                 slot = mix(key, cid1) & self._mask
                 while True:
-                    e = &self._table[slot]
-                    if e.cid1 == 0:
+                    t = &self._table[slot]
+                    if t.cid1 == 0:
                         e = self._insert(col, key, PyUnicode_DecodeUTF8(<const char*>v, m, NULL))
                         break
-                    if e.cid1 == cid1 and e.key == key:
+                    if t.cid1 == cid1 and t.key == key:
+                        e = &self._terms[t.tid]
                         sdata = rt_str_data(e.sv, &kind, &sn, &ascii)
                         if ascii and sn == m and memcmp(sdata, v, <size_t>m) == 0:
                             break
@@ -2166,7 +2187,7 @@ cdef class SegmentBuilder:
 
         Needs no GIL (see "term order" above); the table must not change meanwhile.
         """
-        cdef size_t i, j, need, cap, c, mask = self._mask
+        cdef size_t i, j, need, cap, c, n = <size_t>self._n_terms
         cdef TEntry* e
         cdef SortItem* it
         cdef uint32_t rank
@@ -2178,13 +2199,11 @@ cdef class SegmentBuilder:
         if pos == NULL:
             return -1
         memcpy(pos, s.bucket, (s.n_ranks + 1) * sizeof(size_t))
-        # 1. One pass over the table, in slot order: each term to the bucket of its column.
-        for i in range(mask + 1):
-            e = &self._table[i]
-            if e.cid1 == 0:
-                continue
-            if i + PREFETCH_SLOTS <= mask:
-                ahead = <char*>self._table[i + PREFETCH_SLOTS].sv  # (stale in an empty slot: harmless)
+        # 1. One pass over the terms, in creation order: each to the bucket of its column.
+        for i in range(n):
+            e = &self._terms[i]
+            if i + PREFETCH_SLOTS < n:
+                ahead = <char*>self._terms[i + PREFETCH_SLOTS].sv
                 if ahead != NULL:
                     rt_prefetch(ahead)
                     rt_prefetch(ahead + 40)  # where the state and the characters are
