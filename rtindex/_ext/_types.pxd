@@ -1,11 +1,24 @@
-# Shared C types of the compiled modules, and their one allocator (cimport them; never
+# Shared C types of the compiled modules, and their allocators (cimport them; never
 # redefine per module).
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
-from posix.mman cimport (
-    MADV_HUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, madvise,
-    mmap, munmap,
-)
+
+
+cdef extern from *:
+    """
+    #include <sys/mman.h>
+    #ifndef MADV_HUGEPAGE  /* no transparent huge pages (not Linux): plain pages */
+    #define MADV_HUGEPAGE MADV_NORMAL
+    #endif
+    #ifndef MAP_ANONYMOUS
+    #define MAP_ANONYMOUS MAP_ANON
+    #endif
+    """
+    int PROT_READ, PROT_WRITE, MAP_PRIVATE, MAP_ANONYMOUS, MADV_HUGEPAGE
+    void* MAP_FAILED
+    void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset) nogil
+    int munmap(void* addr, size_t length) nogil
+    int madvise(void* addr, size_t length, int advice) nogil
 
 ctypedef uint32_t offset_t   # row offset inside one segment (row id - segment base)
 ctypedef uint32_t term_id_t  # index of a distinct term inside one segment builder
@@ -56,8 +69,9 @@ cdef inline void* huge_zalloc(size_t count, size_t size) except NULL:
     For large, randomly probed arrays that are filled once and freed whole (the term table):
     measured with ``perf``, zeroing a fresh table 4 KiB page at a time was most of the ingest
     thread's page faults, and a probe into tens of MB of small pages misses the TLB. The
-    mapping comes zeroed, so there is no memset; where the kernel gives no huge pages (THP
-    off) it is plain anonymous memory. Below a huge page it is ``calloc``."""
+    mapping comes zeroed, so there is no memset (the kernel's zeroing stays: see
+    docs/benchmarks.md, "Fourth session"); where the kernel gives no huge pages (THP off, not
+    Linux) it is plain anonymous memory. Below a huge page it is ``calloc``."""
     cdef size_t room, over
     cdef char* p
     cdef char* q
