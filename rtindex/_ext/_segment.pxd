@@ -58,6 +58,7 @@ cdef struct TEntry:
 cdef struct Pending:
     uint64_t key  # the term's TEntry.key
     uint32_t cid  # its column id
+    term_id_t hint  # _commit, STRING terms: the first term with this key and column, or NO_TERM
     PyObject* sv  # owned reference to the str of a STRING term, else NULL
 
 
@@ -161,7 +162,7 @@ cdef class SegmentBuilder:
     cdef TEntry* _find(self, uint32_t cid, uint64_t key, str sv)
     cdef TEntry* _find_tid(self, Py_ssize_t tid)
     cdef size_t _slot_of(self, Py_ssize_t tid)
-    cdef size_t _likely_tid(self, uint64_t key, uint32_t cid1) noexcept
+    cdef term_id_t _likely_tid(self, uint64_t key, uint32_t cid1) noexcept
     cdef TEntry* _insert(self, _Column col, uint64_t key, object sv) except NULL
     cdef int _grow_table(self) except -1
     cdef void _delete_slot(self, size_t i) noexcept

@@ -182,7 +182,7 @@ cdef enum:
 
 cdef offset_t MAX_ROWS = 0xFFFFFFFF  # offsets and term ids are uint32
 cdef uint64_t NO_LIMIT = 0x100000000  # above every offset
-cdef size_t NO_TERM = <size_t>-1  # _likely_tid: no such term
+cdef term_id_t NO_TERM = 0xFFFFFFFF  # _likely_tid: no such term (term ids stay below MAX_ROWS)
 cdef array _U32 = array("I")  # template for clone(); typecode "I" is 4 bytes here
 # Secret per process, so that crafted ints cannot be made to collide in the term table.
 cdef uint64_t _SEED = int.from_bytes(os.urandom(8), "little")
@@ -688,7 +688,7 @@ cdef inline uint64_t be_prefix(const unsigned char* p, size_t n) noexcept nogil:
 
 cdef enum:
     STR_AHEAD = 16  # add_columns hashes string values this many rows ahead (prefetching slots)
-    PREFETCH_SLOTS = 64  # the term scan prefetches the str of the term this far ahead
+    PREFETCH_TERMS = 64  # the term scan prefetches the str of the term this far ahead
     PREFETCH_ITEMS = 8  # encode_blocks prefetches postings this many terms ahead (entries: 2x)
     ARENA_CHUNK = 1 << 20  # bytes of one arena chunk (more for a longer string)
     SMALL_SORT = 32  # below this many items: insertion sort
@@ -1244,7 +1244,7 @@ cdef class SegmentBuilder:
 
     cdef int _commit(self) except -1:
         """Resolve the queued terms in walk order (creating new ones) and post the row."""
-        cdef size_t i, j
+        cdef size_t i
         cdef Pending* p
         cdef TEntry* e
         # Prefetch the entry of each string term's likely slot, then its stored str, so
@@ -1252,15 +1252,13 @@ cdef class SegmentBuilder:
         for i in range(self._n_pend):
             p = &self._pend[i]
             if p.sv != NULL:
-                j = self._likely_tid(p.key, p.cid + 1)
-                if j != NO_TERM:
-                    rt_prefetch(&self._terms[j])
+                p.hint = self._likely_tid(p.key, p.cid + 1)
+                if p.hint != NO_TERM:
+                    rt_prefetch(&self._terms[p.hint])
         for i in range(self._n_pend):
             p = &self._pend[i]
-            if p.sv != NULL:
-                j = self._likely_tid(p.key, p.cid + 1)
-                if j != NO_TERM:
-                    rt_prefetch(self._terms[j].sv)
+            if p.sv != NULL and p.hint != NO_TERM:
+                rt_prefetch(self._terms[p.hint].sv)
         for i in range(self._n_pend):
             if <Py_ssize_t>i == self._fail_at:
                 raise MemoryError("injected by _test_fail_commit_at()")
@@ -1272,7 +1270,7 @@ cdef class SegmentBuilder:
             self._post(e)
         return 0
 
-    cdef size_t _likely_tid(self, uint64_t key, uint32_t cid1) noexcept:
+    cdef term_id_t _likely_tid(self, uint64_t key, uint32_t cid1) noexcept:
         """The first term with this key and column (its str may differ), or NO_TERM."""
         cdef size_t mask = self._mask
         cdef size_t j = mix(key, cid1) & mask
@@ -2183,9 +2181,9 @@ cdef class SegmentBuilder:
 
     cdef int _sort_terms(self, TermSort* s) noexcept nogil:
         """Fill ``s.items`` in term order, and ``s.cand``; -1 when out of memory, -4 when
-        the table does not match the columns' term counts (a bug).
+        the terms do not match the columns' term counts (a bug).
 
-        Needs no GIL (see "term order" above); the table must not change meanwhile.
+        Needs no GIL (see "term order" above); the terms must not change meanwhile.
         """
         cdef size_t i, j, need, cap, c, n = <size_t>self._n_terms
         cdef TEntry* e
@@ -2202,8 +2200,8 @@ cdef class SegmentBuilder:
         # 1. One pass over the terms, in creation order: each to the bucket of its column.
         for i in range(n):
             e = &self._terms[i]
-            if i + PREFETCH_SLOTS < n:
-                ahead = <char*>self._terms[i + PREFETCH_SLOTS].sv
+            if i + PREFETCH_TERMS < n:
+                ahead = <char*>self._terms[i + PREFETCH_TERMS].sv
                 if ahead != NULL:
                     rt_prefetch(ahead)
                     rt_prefetch(ahead + 40)  # where the state and the characters are
