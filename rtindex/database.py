@@ -43,7 +43,7 @@ from rtindex.errors import (
 )
 from rtindex.runtime import Runtime
 from rtindex.segments import ShardConfig
-from rtindex.storage import new_block_cache, new_write_buffer_manager
+from rtindex.storage import WriteBuffers, new_block_cache
 
 # a collection name: one part, or a workspace and a name (``ws.coll``, as Rockset's workspaces;
 # each part at most 128 characters). The default workspace is no prefix: ``commons.coll``
@@ -284,7 +284,7 @@ class Database:
         self._row_cache = RowStoreCache(row_cache_bytes)
         self._column_cache = ChunkCache(column_cache_bytes)
         self._runtime = Runtime(self._config, self._limits, self._row_cache, self._column_cache,
-                                new_block_cache(block_cache_bytes), new_write_buffer_manager(write_buffer_bytes), sync)
+                                new_block_cache(block_cache_bytes), WriteBuffers(write_buffer_bytes), sync)
         self._collections: dict[str, Collection] = {}
         self._lock = threading.RLock()
         self._closed = False

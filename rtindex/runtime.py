@@ -17,6 +17,7 @@ from rtindex.rowcache import RowStoreCache
 from rtindex.segments import ShardConfig
 from rtindex.reader import ShardReader
 from rtindex.shard import Shard
+from rtindex.storage import WriteBuffers
 from rtindex.writer import ShardWriter
 
 
@@ -27,7 +28,7 @@ class Runtime:
     row_cache: RowStoreCache
     column_cache: ChunkCache
     block_cache: Any
-    write_buffers: Any
+    write_buffers: WriteBuffers
     sync: bool = False
     sealer: Worker | None = None  # the writer's background threads
     merger: Worker | None = None

@@ -15,8 +15,10 @@ as of its last :meth:`Store.catch_up`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import weakref
 from collections import deque
 from itertools import repeat
 from typing import Iterator
@@ -36,16 +38,19 @@ from rocksdict import (
 
 from rtindex.errors import ClosedError, StorageError
 
+log = logging.getLogger("rtindex")
+
 CFS = ("rows", "ids", "meta")
 MAX_OPEN_FILES = 256
 MAX_WAL_BYTES = 64 << 20
+LOG_FILE_BYTES = 1 << 20
 # A write that RocksDB would stall (memtables full while a flush runs, or a flush that
 # failed on a full disk) is retried for this long, then reported: a writer never hangs.
 STALL_SECONDS = 10.0
 
 
 def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, create: bool,
-             secondary: bool, memtable_bloom: bool = False) -> Options:
+             secondary: bool, memtable_bloom: bool = False, bloom: bool = True) -> Options:
     o = Options(raw_mode=True)
     if memtable_bloom:
         # a Bloom filter over each memtable's whole keys: ingest looks every given _id up, and
@@ -69,6 +74,9 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, creat
     o.set_write_buffer_size(16 << 20)
     if wbm is not None:
         o.set_write_buffer_manager(wbm)
+    # RocksDB's info LOG gets a few KB per flush and rolls only when the instance is opened:
+    # a long-running writer's grew without bound. Rolled at 1 MiB, with two old ones kept.
+    o.set_max_log_file_size(LOG_FILE_BYTES)
     o.set_keep_log_file_num(2)
     # the ids and meta column families take small writes and rarely fill a memtable, and an
     # unflushed one keeps every WAL file since its oldest entry: cap the WAL, which makes
@@ -85,7 +93,8 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, creat
     t = BlockBasedOptions()
     if block_cache is not None:
         t.set_block_cache(block_cache)
-    t.set_bloom_filter(10, False)
+    if bloom:
+        t.set_bloom_filter(10, False)
     t.set_cache_index_and_filter_blocks(True)
     o.set_block_based_table_factory(t)
     return o
@@ -96,22 +105,69 @@ def new_block_cache(nbytes: int) -> Cache:
     return Cache(nbytes)
 
 
-def new_write_buffer_manager(nbytes: int) -> WriteBufferManager:
-    """One memtable budget shared by every shard (and column family) of a database: without
-    it, memtables alone could take shards x 3 column families x 2 x 16 MB."""
-    return WriteBufferManager(nbytes, False)
+class WriteBuffers:
+    """One memtable budget shared by every shard (and column family) of a database (without
+    it, memtables alone could take shards x 3 column families x 2 x 16 MB), and the flushing
+    of idle shards' memtables that RocksDB leaves out.
+
+    When a write finds the budget spent, RocksDB flushes the memtables of the instance being
+    written, never another's. So a collection that was loaded and then left alone keeps its
+    share until it is closed, and every later write anywhere else flushes memtables of about
+    one write each: 300k product_clicks rows after 100k events made 156 SST files instead of
+    22 (docs/benchmarks.md). Here, a write that finds the budget 7/8 spent (checked at most
+    every CHECK_SECONDS) has the memtables of stores not written for IDLE_SECONDS flushed in
+    the background, the largest first, until 3/4 of the budget would be left.
+    """
+
+    IDLE_SECONDS = 0.2
+    CHECK_SECONDS = 0.05
+
+    def __init__(self, nbytes: int):
+        self.manager = WriteBufferManager(nbytes, False)
+        self._high = nbytes * 7 // 8
+        self._low = nbytes * 3 // 4
+        self._stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._checked = 0.0
+
+    def register(self, store: "Store") -> None:
+        with self._lock:
+            self._stores.add(store)
+
+    def after_write(self, writer: "Store") -> None:
+        """Called by ``writer`` after each write: flush idle stores' memtables if the budget
+        is nearly spent."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked < self.CHECK_SECONDS:
+                return
+            self._checked = now
+            excess = self.manager.get_usage() - self._low
+            if excess < self._high - self._low:
+                return
+            idle = [st for st in self._stores if st is not writer and now - st.last_write >= self.IDLE_SECONDS]
+        # the largest first, and only as many as bring the budget back to 3/4: an idle store
+        # holding a few KB would become an SST file of a few KB
+        for nbytes, st in sorted(((st.memtable_bytes(), st) for st in idle), key=lambda t: -t[0]):
+            if excess <= 0 or nbytes == 0:
+                break
+            st.flush_memtables(wait=False)
+            excess -= nbytes
 
 
 class Store:
     """A RocksDB instance with rtindex's column families; thin, thread-safe, typed errors."""
 
     def __init__(self, path: str, *, create: bool = False, sync: bool = False, block_cache: Cache | None = None,
-                 write_buffers: WriteBufferManager | None = None, secondary_path: str | None = None):
+                 write_buffers: WriteBuffers | None = None, secondary_path: str | None = None):
         self.path = path
         self.secondary = secondary_path is not None
-        opts = _options(block_cache, write_buffers, create=create, secondary=self.secondary)
-        cf_opts = {cf: _options(block_cache, write_buffers, create=create, secondary=self.secondary,
-                                memtable_bloom=cf == "ids") for cf in CFS}
+        wbm = None if write_buffers is None else write_buffers.manager
+        opts = _options(block_cache, wbm, create=create, secondary=self.secondary)
+        # no Bloom filter on rows: a row is read by a row id the index gave, which exists, so
+        # the filter never spares a read; it took 10 bits a row on disk and in the block cache
+        cf_opts = {cf: _options(block_cache, wbm, create=create, secondary=self.secondary,
+                                memtable_bloom=cf == "ids", bloom=cf != "rows") for cf in CFS}
         try:
             if self.secondary:
                 self._db = Rdict(path, options=opts, column_families=cf_opts,
@@ -128,6 +184,10 @@ class Store:
         self._wo.no_slowdown = True  # stalls come back as errors: we retry them with a deadline
         self._closed = False
         self._lock = threading.Lock()
+        self.last_write = time.monotonic()
+        self._buffers = write_buffers
+        if write_buffers is not None:
+            write_buffers.register(self)
 
     def _check(self) -> None:
         if self._closed:
@@ -150,7 +210,7 @@ class Store:
         while True:
             try:
                 self._db.write(batch.build(self._h), self._wo)
-                return
+                break
             except Exception as e:
                 if self._closed:
                     raise ClosedError(f"storage at {self.path} is closed") from e
@@ -164,6 +224,12 @@ class Store:
                                        f"(is the disk full, or far too slow?): {e}") from e
                 time.sleep(pause)
                 pause = min(pause * 2, 0.05)
+        self.last_write = time.monotonic()
+        if self._buffers is not None:
+            try:
+                self._buffers.after_write(self)
+            except Exception as e:  # the write is done: flushing other shards only frees memory sooner
+                log.warning("rtindex: after a write at %s, flushing idle shards failed: %s", self.path, e)
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         self._check()
@@ -234,12 +300,25 @@ class Store:
                 pass
         return total
 
-    def flush(self) -> None:
-        self._check()
-        try:
-            self._db.flush()
-        except Exception as e:
-            raise StorageError(f"flush failed at {self.path}: {e}") from e
+    def memtable_bytes(self) -> int:
+        """Bytes in the active memtables of every column family (0 once closed)."""
+        with self._lock:
+            if self._closed:
+                return 0
+            return sum(self._cf[cf].property_int_value("rocksdb.cur-size-active-mem-table") or 0 for cf in CFS)
+
+    def flush_memtables(self, wait: bool = True) -> None:
+        """Write every column family's memtable to an SST file (``wait=False``: schedule it
+        on RocksDB's background threads). Quietly nothing once closed: an idle store may be
+        closed while another's write decides to flush it."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                for cf in CFS:
+                    self._cf[cf].flush(wait)
+            except Exception as e:
+                raise StorageError(f"flush failed at {self.path}: {e}") from e
 
     def close(self) -> None:
         with self._lock:

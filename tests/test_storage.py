@@ -1,0 +1,119 @@
+"""Storage: what the shards of one database share in RocksDB (the write buffer budget)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import pytest
+
+import rtindex
+from rtindex import storage
+
+
+def shard_entries(shard) -> int:
+    """Entries in the active memtables of every column family of ``shard``."""
+    return sum(shard.store._cf[cf].property_int_value("rocksdb.num-entries-active-mem-table") or 0
+               for cf in storage.CFS)
+
+
+def active_entries(coll) -> int:
+    return sum(shard_entries(s) for s in coll._shards)
+
+
+def sst_files(coll) -> int:
+    return len(glob.glob(os.path.join(coll.path, "shard-*", "*.sst")))
+
+
+def docs(prefix: str, n: int, start: int = 0) -> list[dict]:
+    return [{"_id": f"{prefix}-{i}", "text": "x" * 400, "n": i} for i in range(start, start + n)]
+
+
+def test_an_idle_collection_gives_its_write_buffers_back(tmp_path):
+    """RocksDB flushes only the memtables of the instance being written when the shared
+    budget is spent: without more, a collection loaded and left alone would hold its share,
+    and each later write elsewhere would flush a memtable of one write."""
+    with rtindex.open(str(tmp_path / "db"), write_buffer_bytes=32 << 20) as db:
+        idle = db.create_collection("idle", shards=2)
+        idle.ingest(docs("a", 40_000), batch_size=2_000)  # ~7/8 of the budget, no flush yet
+        assert active_entries(idle) > 0
+        time.sleep(storage.WriteBuffers.IDLE_SECONDS + 0.05)
+        busy = db.create_collection("busy", shards=1)
+        writes = 40
+        for w in range(writes):
+            busy.ingest(docs("b", 250, w * 250), batch_size=250)
+        deadline = time.monotonic() + 10
+        while all(shard_entries(s) for s in idle._shards) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not all(shard_entries(s) for s in idle._shards), "no idle shard was flushed"
+        assert sst_files(busy) < writes // 10, "the busy collection flushed its memtables again and again"
+        assert idle.count() == 40_000 and busy.count() == writes * 250
+
+
+def test_a_collection_being_written_keeps_its_memtables(tmp_path, monkeypatch):
+    """Only stores idle for IDLE_SECONDS are flushed: of two collections written in turn
+    with the budget spent, neither flushes the other's memtables at every write."""
+    monkeypatch.setattr(storage.WriteBuffers, "IDLE_SECONDS", 5.0)  # the loop below takes less
+    with rtindex.open(str(tmp_path / "db"), write_buffer_bytes=32 << 20) as db:
+        a, b = db.create_collection("a", shards=1), db.create_collection("b", shards=1)
+        wb = db._runtime.write_buffers.manager
+        for w in range(200):
+            a.ingest(docs("a", 1_000, w * 1_000), batch_size=1_000)
+            time.sleep(storage.WriteBuffers.CHECK_SECONDS)
+            spent = wb.get_usage() >= (32 << 20) * 7 // 8
+            b.ingest(docs("b", 1_000, w * 1_000), batch_size=1_000)  # checks the budget
+            if spent:
+                break
+            time.sleep(storage.WriteBuffers.CHECK_SECONDS)
+        else:
+            pytest.fail("the write buffer budget was never spent")
+        time.sleep(0.5)  # any flush that was asked for is done
+        assert active_entries(a) > 0
+
+
+def test_flushing_a_closed_store_does_nothing(tmp_path):
+    """An idle store may be closed while another's write decides to flush it."""
+    wb = storage.WriteBuffers(8 << 20)
+    st = storage.Store(str(tmp_path / "s"), create=True, write_buffers=wb)
+    st.close()
+    st.flush_memtables(wait=True)
+
+
+def filter_bytes(store: storage.Store, cf: str) -> int:
+    props = store._cf[cf].property_value("rocksdb.aggregated-table-properties")
+    return int(props.split("filter block size=")[1].split(";")[0])
+
+
+def test_rows_have_no_bloom_filter_and_ids_have_one(tmp_path):
+    """A row is read by a row id the index gave, which exists: a filter would never spare a
+    read. An ``_id`` is looked up before each write, and most are new: the filter answers."""
+    st = storage.Store(str(tmp_path / "s"), create=True)
+    try:
+        b = st.batch()
+        b.put_all("rows", [i.to_bytes(8, "big") for i in range(1_000)], [b'{"v":1}'] * 1_000)
+        b.put_all("ids", [b"id-%d" % i for i in range(1_000)], [i.to_bytes(8, "big") for i in range(1_000)])
+        st.write(b)
+        st.flush_memtables()
+        assert filter_bytes(st, "rows") == 0
+        assert filter_bytes(st, "ids") > 1_000
+        assert st.get("rows", (999).to_bytes(8, "big")) == b'{"v":1}' and st.get("rows", (1_000).to_bytes(8, "big")) is None
+    finally:
+        st.close()
+
+
+def test_the_rocksdb_log_is_bounded(tmp_path, monkeypatch):
+    """RocksDB's info LOG grows by a few KB a flush; a long-running writer's must not grow
+    without bound (it rolls at LOG_FILE_BYTES and keeps two files)."""
+    monkeypatch.setattr(storage, "LOG_FILE_BYTES", 64 << 10)
+    st = storage.Store(str(tmp_path / "s"), create=True)
+    try:
+        for i in range(500):
+            b = st.batch()
+            b.put("meta", b"k%d" % i, b"v")
+            st.write(b)
+            st.flush_memtables()
+    finally:
+        st.close()
+    logs = glob.glob(str(tmp_path / "s" / "LOG*"))
+    assert len(logs) == 2 and sum(os.path.getsize(f) for f in logs) < 2 * (64 << 10) + (16 << 10)
