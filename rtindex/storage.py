@@ -113,8 +113,8 @@ class WriteBuffers:
     When a write finds the budget spent, RocksDB flushes the memtables of the instance being
     written, never another's. So a collection that was loaded and then left alone keeps its
     share until it is closed, and every later write anywhere else flushes memtables of about
-    one write each: 300k product_clicks rows after 100k events made 156 SST files instead of
-    22 (docs/benchmarks.md). Here, a write that finds the budget 7/8 spent (checked at most
+    one write each: 300k product_clicks rows after 100k events made up to 156 SST files
+    instead of 22 (docs/benchmarks.md). Here, a write that finds the budget 7/8 spent (checked at most
     every CHECK_SECONDS) has the memtables of stores not written for IDLE_SECONDS flushed in
     the background, the largest first, until 3/4 of the budget would be left.
     """
