@@ -75,7 +75,7 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, creat
     if wbm is not None:
         o.set_write_buffer_manager(wbm)
     # RocksDB's info LOG gets a few KB per flush and rolls only when the instance is opened:
-    # a long-running writer's grew without bound. Rolled at 1 MiB, with two old ones kept.
+    # a long-running writer's grew without bound. It rolls at 1 MiB; two files are kept.
     o.set_max_log_file_size(LOG_FILE_BYTES)
     o.set_keep_log_file_num(2)
     # the ids and meta column families take small writes and rarely fill a memtable, and an
@@ -114,9 +114,10 @@ class WriteBuffers:
     written, never another's. So a collection that was loaded and then left alone keeps its
     share until it is closed, and every later write anywhere else flushes memtables of about
     one write each: 300k product_clicks rows after 100k events made up to 156 SST files
-    instead of 22 (docs/benchmarks.md). Here, a write that finds the budget 7/8 spent (checked at most
-    every CHECK_SECONDS) has the memtables of stores not written for IDLE_SECONDS flushed in
-    the background, the largest first, until 3/4 of the budget would be left.
+    instead of 22 (docs/benchmarks.md). Here, a write that finds the budget 7/8 spent
+    (checked at most every CHECK_SECONDS) has the memtables of stores not written for
+    IDLE_SECONDS flushed in the background, the largest first, until 3/4 of the budget
+    would be left.
     """
 
     IDLE_SECONDS = 0.2
