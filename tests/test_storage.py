@@ -72,6 +72,43 @@ def test_a_collection_being_written_keeps_its_memtables(tmp_path, monkeypatch):
         assert active_entries(a) > 0
 
 
+def fill(store: storage.Store, mb: int, tag: bytes) -> None:
+    for start in range(0, mb * 1024, 1024):
+        b = store.batch()
+        b.put_all("rows", [tag + i.to_bytes(8, "big") for i in range(start, start + 1024)], [b"v" * 1000] * 1024)
+        store.write(b)
+
+
+def flushed(store: storage.Store) -> bool:
+    return store.memtable_bytes() < storage.WriteBuffers.MIN_FLUSH_BYTES
+
+
+def test_the_shards_of_the_collection_being_written_are_left_alone(tmp_path, monkeypatch):
+    """While a batch goes to one shard the others wait: they are not idle, and flushing
+    them would double the flushes of a plain load. Only other collections' shards are."""
+    monkeypatch.setattr(storage.WriteBuffers, "IDLE_SECONDS", 0.0)
+    monkeypatch.setattr(storage.WriteBuffers, "CHECK_SECONDS", 0.0)
+    wb = storage.WriteBuffers(32 << 20)
+    a1, a2, b1 = (storage.Store(str(tmp_path / c / s), create=True, write_buffers=wb)
+                  for c, s in (("a", "shard-000"), ("a", "shard-001"), ("b", "shard-000")))
+    try:
+        fill(b1, 6, b"b")
+        fill(a2, 12, b"a")  # the largest: flushed first, were it eligible
+        assert a2.memtable_bytes() > b1.memtable_bytes() > 0
+        start = 0
+        while not flushed(b1) and start < 20 * 1024:  # a1's writes spend the budget
+            fill(a1, 1, b"x" + start.to_bytes(4, "big"))
+            start += 1024
+        deadline = time.monotonic() + 10
+        while not flushed(b1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flushed(b1)
+        assert not flushed(a2)
+    finally:
+        for st in (a1, a2, b1):
+            st.close()
+
+
 def test_flushing_a_closed_store_does_nothing(tmp_path):
     """An idle store may be closed while another's write decides to flush it."""
     wb = storage.WriteBuffers(8 << 20)
