@@ -147,9 +147,10 @@ class WriteBuffers:
             if now - self._checked < self.CHECK_SECONDS:
                 return
             self._checked = now
-            excess = self.manager.get_usage() - self._low
-            if excess < self._high - self._low:
+            usage = self.manager.get_usage()
+            if usage < self._high:
                 return
+            excess = usage - self._low  # what to flush to bring the budget back to 3/4
             idle = [st for st in self._stores
                     if st.group != writer.group and now - st.last_write >= self.IDLE_SECONDS]
         # the largest first, and only as many as bring the budget back to 3/4; none holding
