@@ -183,9 +183,9 @@ class ShardWriter(Shard):
         items that replaced a stored document (or an earlier item of the same call; every
         other item is new), and the items as serialized, each with its row offset in the
         active segment appended (-1: not stored, see the errors). ``generated``: the caller
-        indices of items whose ``_id`` was just generated (128 random bits), which cannot
-        be stored yet: their ``_id`` index is not read (1.6 us a TSBS row). All of them are
-        durable when this returns. Raises StorageError (and stores nothing) when the write
+        indices of items whose ``_id`` was just generated (80 random bits after a time, see
+        documents._IdPool), which cannot be stored yet: their ``_id`` index is not read (1.6
+        us a TSBS row). All of them are durable when this returns. Raises StorageError (and stores nothing) when the write
         fails.
         """
         errors: list[tuple[int, SchemaError]] = []
@@ -234,8 +234,8 @@ class ShardWriter(Shard):
 
     def _stored_rows(self, id_keys: list[bytes], fresh: list[bool]) -> list[bytes | None]:
         """The ``_id`` index value (a row id) of each id key, None where none is stored.
-        ``fresh``: which ids were just generated (128 random bits, which cannot be stored
-        yet): they are not read (1.6 us a TSBS row)."""
+        ``fresh``: which ids were just generated (80 random bits after a time, which cannot
+        be stored yet): they are not read (1.6 us a TSBS row)."""
         if not any(fresh):
             return self.store.multi_get("ids", id_keys)
         got = iter(self.store.multi_get("ids", [k for k, f in zip(id_keys, fresh) if not f]))
