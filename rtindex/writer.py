@@ -185,8 +185,8 @@ class ShardWriter(Shard):
         active segment appended (-1: not stored, see the errors). ``generated``: the caller
         indices of items whose ``_id`` was just generated (80 random bits after a time, see
         documents._IdPool), which cannot be stored yet: their ``_id`` index is not read (1.6
-        us a TSBS row). All of them are durable when this returns. Raises StorageError (and stores nothing) when the write
-        fails.
+        us a TSBS row). All of them are durable when this returns. Raises StorageError (and
+        stores nothing) when the write fails.
         """
         errors: list[tuple[int, SchemaError]] = []
         replaced: list[int] = []
