@@ -1,8 +1,8 @@
 """The decoded column chunks of sealed segments, kept while they fit in a memory budget.
 
 Sealed column chunks are stored compressed (ZSTD, see :func:`rtindex.columns.encode`), so
-reading one means decompressing it whole: ~1 GB/s here, 8-20 ms for a column of 1M values.
-A query that scans or gathers a column of a segment would pay that every time; this cache
+reading one means decompressing it whole, which is costly for a large column. A query
+that scans or gathers a column of a segment would pay that every time; this cache
 keeps the decoded chunks most recently used, across every shard of a database, up to
 ``column_cache_bytes``. It is keyed by segment file and column key (never the Segment
 object, whose lifetime decides when a merged-away segment's rows are cleaned up), and

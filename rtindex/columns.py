@@ -93,9 +93,10 @@ def nulls(tag: int, n: int) -> pa.Array:
     return pa.nulls(n, type=ARROW_TYPES[tag])
 
 
-# Sealed chunks are ZSTD-compressed (level 1; 3 is no smaller on these columns): RockBench
-# events' columns 82 -> 18 MB, LZ4 would give 37 MB and decode no faster here (measured,
-# docs/benchmarks.md). Chunks under COMPRESS_MIN bytes stay plain, and zero-copy.
+# Sealed chunks are ZSTD-compressed (level 1; 3 is no smaller on these columns): several
+# times smaller than plain, and smaller than LZ4, which would decode no faster here
+# (measured: docs/benchmarks.md, "Ingest"). Chunks under COMPRESS_MIN bytes stay plain,
+# and zero-copy.
 _COMPRESSED = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
 _PLAIN = pa.ipc.IpcWriteOptions()
 COMPRESS_MIN = 4096
@@ -110,7 +111,7 @@ def encode_parts(type_: pa.DataType, parts: Iterable[pa.Array], compress: bool =
     """The arrays ``parts`` (of ``type_``, taken one at a time: a generator's items are
     freed as soon as written) as one chunk, a batch each: a merge writes a column of its
     inputs without holding all of them decoded and their concatenation at once (for a
-    1.2M-row text column at the end of a 5M-event ingest, hundreds of MB).
+    large text column, twice its decoded size).
     :func:`decode` joins them."""
     schema = pa.schema([("v", type_)])
     sink = pa.BufferOutputStream()
@@ -134,14 +135,14 @@ def decode(data: bytes | pa.Buffer) -> pa.Array:
 class Chunk:
     """A column chunk with its Arrow buffers seen as numpy arrays (no copy), to take values
     at positions from: a query that reads a few fields of the rows an index matched takes
-    from every segment of every shard, and an Arrow take costs ~20 us a call in fixed costs
-    against ~1 us for numpy's. :func:`gather` joins what was taken from many chunks into one
-    Arrow array (every type: ints, floats, timestamps, bools, strings, nulls).
+    from every segment of every shard, and an Arrow take's fixed cost per call is many
+    times numpy's (measured: docs/benchmarks.md, "Queries"). :func:`gather` joins what was
+    taken from many chunks into one Arrow array (every type: ints, floats, timestamps,
+    bools, strings, nulls).
 
     Eight-byte values (and string offsets) are read as raw 8-byte items ("V8") and viewed as
     numbers once taken: a chunk mapped from a segment file need not be 8-byte aligned, and
-    numpy is slow on unaligned int64s (measured, 330 values: indexing 1.5 us, ``take`` 20 us;
-    a take of "V8" items 0.9 us)."""
+    numpy is much slower on unaligned int64s than on "V8" items."""
 
     __slots__ = ("array", "_start", "_valid", "_values", "_offsets", "_dtype")
 

@@ -20,11 +20,10 @@ Value *pools* (process names, email addresses, cities, filler text) do not depen
 which lets benchmarks pick query parameters with the helpers below
 (:func:`random_process_by`, :func:`email_address`, :func:`sample_emails`, ...).
 
-Speed (one idle core): ~15-20 us of CPU per event (~20 s per 1M), ~3.5 us per TSBS row,
-<1 us per click row; values come from per-chunk numpy draws converted to Python lists and
-every string from a precomputed pool. Materializing millions of documents in a list is
-~3x faster with the cyclic GC disabled meanwhile (``gc.disable()``; see
-benchmarks/ingest.py). A 1M-event list takes ~4 GB of RAM (~4.1 KB per event).
+Speed: values come from per-chunk numpy draws converted to Python lists and every string
+from a precomputed pool. Materializing millions of documents in a list is much faster
+with the cyclic GC disabled meanwhile (``gc.disable()``; see benchmarks/ingest.py), and
+such a list takes several times the documents' JSON size in RAM.
 The first k documents of any generator do not depend on ``n`` (whole chunks are drawn).
 """
 

@@ -4,19 +4,17 @@ switched more often.
 - **The cyclic garbage collector is paused.** Ingest makes and drops millions of
   containers (the dicts and lists of parsed documents, a batch of them alive at a time)
   and creates no reference cycles, but the collector, triggered by allocation counts,
-  keeps traversing them, more so the more objects the process holds: measured on 100k
-  RockBench events (docs/benchmarks.md), NDJSON ingest ran at 9.7k docs/s with it and
-  19.3k without; dicts already in memory at 20k and 26k. Between batches
-  :func:`collect_young` collects the young generations, so cycles that the caller's own
-  code (a generator feeding ingest) makes are still freed; older ones wait for the next
-  full collection after the ingest.
+  keeps traversing them, more so the more objects the process holds: with it running,
+  ingest is much slower, NDJSON most (measured: docs/benchmarks.md, "Ingest"). Between
+  batches :func:`collect_young` collects the young generations, so cycles that the
+  caller's own code (a generator feeding ingest) makes are still freed; older ones wait
+  for the next full collection after the ingest.
 - **The interpreter switches threads every 0.5 ms instead of 5.** The ingest thread holds
   the GIL nearly all the time, and the sealer thread needs it between its native steps
   (hundreds per segment: a copy, an Arrow call, a write per column), each time waiting for
-  the ingest thread's switch interval. With 5 ms the sealer fell behind, so every shard
-  kept its maximum of in-memory segments waiting (470 MB of 4 shards' 1 GB RSS while
-  streaming events); with 0.5 ms it keeps up (130-220 MB, RSS ~700 MB), and ingest was as
-  fast (events +2%, TSBS -6%, within the noise of this machine).
+  the ingest thread's switch interval. With 5 ms the sealer falls behind, so every shard
+  keeps its maximum of in-memory segments waiting, a large share of the RSS while
+  streaming events; with 0.5 ms it keeps up, and ingest is as fast.
 
 Both hold while any thread is inside :func:`ingest_mode`, and are undone when the last one
 leaves (a collector the caller had turned off stays off; the caller's interval comes back).

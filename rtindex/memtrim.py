@@ -3,9 +3,8 @@
 A seal frees a whole in-memory segment (tens of MB of C buffers and the strs its terms
 kept) and a merge the decoded columns of its inputs, but glibc's allocator keeps freed
 heap pages for reuse, so the process's RSS stays at its high-water mark. ``malloc_trim``
-returns the free pages: measured while streaming RockBench events into 4 shards, RSS fell
-by 150-200 MB (~20%) at each call (docs/benchmarks.md). Elsewhere than glibc it does
-nothing.
+returns the free pages, a sizeable share of the RSS while streaming events (measured:
+docs/benchmarks.md, "Bounded memory"). Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ from rtindex._impl import RowCache, copy_json, untrack_json
 
 ROW_BITS = 40
 ROW_MAX = (1 << ROW_BITS) - 1
-# A decoded row takes ~4-5x its JSON size in Python objects (by RSS and tracemalloc with
-# 1.2 KB RockBench events: 4.2-5.0x; 105-byte product_clicks rows: 3.7-3.8x), plus the
-# cache's entry; charging 5x keeps the budget an upper bound.
+# A decoded row takes several times its JSON size in Python objects, less for small flat
+# rows (measured: docs/benchmarks.md, "RowStoreCache"), plus the cache's entry; charging
+# 5x keeps the budget an upper bound.
 DECODED_BYTES_PER_JSON_BYTE = 5
 ENTRY_BYTES = 64
 

@@ -1,11 +1,12 @@
 """Segment files: a sealed segment's postings blocks and column chunks in one immutable file.
 
 Why files of our own rather than keys in RocksDB (docs/architecture.md has the numbers):
-a segment is written once, read many times and dropped whole. In RocksDB its keys were
-range-deleted when dropped, but they lived in bottom-level SST files that no compaction
-revisits, so disk use grew with every seal and merge. A file is freed by one unlink, is read
-through a memory map (a block or a column is a zero-copy slice), and a reader in another
-process that has it mapped keeps reading it even after the writer unlinked it.
+a segment is written once, read many times and dropped whole. Kept in RocksDB, its keys
+would be range-deleted when dropped but live on in bottom-level SST files that no
+compaction revisits, so disk use would grow with every seal and merge. A file is freed by
+one unlink, is read through a memory map (a block or a column is a zero-copy slice), and a
+reader in another process that has it mapped keeps reading it even after the writer
+unlinked it.
 
 Layout (integers little-endian)::
 
@@ -251,8 +252,8 @@ class SegmentFile:
         """Every block in order, read from the file rather than the map (for a merge).
 
         A merge reads each block of its inputs once; read through the map, every page it
-        touched would count in this process's RSS until the input is dropped: merging
-        1M-row segments of events added ~600 MB for the length of the merge.
+        touched would count in this process's RSS until the input is dropped, a large
+        share of it for large segments (measured: docs/benchmarks.md, "Bounded memory").
         """
         try:
             with open(self.path, "rb", buffering=1 << 20) as f:

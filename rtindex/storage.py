@@ -55,20 +55,17 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, creat
     o = Options(raw_mode=True)
     if memtable_bloom:
         # a Bloom filter over each memtable's whole keys: ingest looks every given _id up, and
-        # a new one (most) is then refused without searching the memtable's skip list:
-        # 0.3 us a key instead of 0.7-0.95 (measured, 300k ids in batches of 2,500)
+        # a new one (most) is then refused without searching the memtable's skip list
         o.set_memtable_prefix_bloom_ratio(0.1)
         o.set_memtable_whole_key_filtering(True)
     o.create_if_missing(create)
     o.create_missing_column_families(create)
-    # LZ4 primed with a 16 KiB dictionary sampled from each SST file: 100k RockBench rows
-    # (126.6 MB of JSON) take 47.5 MB instead of 77.5 for a get of 7.0 us instead of 4.9
-    # with the block uncached; ZSTD with a trained dictionary takes 29.5 MB but 12.5 us a
-    # get (measured, docs/benchmarks.md). LZ4HC level 4 (the same decoder, as fast) makes
-    # rows 17% smaller (300k product_clicks rows: 14.8 -> 12.4 MB), but its CPU competes
-    # with the sealer for the second core: TSBS ingest 12% slower, clicks 5% (medians of 3,
-    # alternating). One type for every level: row ids only grow, so compactions move files
-    # down without rewriting them and a bottommost-only setting would never apply.
+    # LZ4 primed with a 16 KiB dictionary sampled from each SST file: rows much smaller
+    # than plain LZ4 for a slightly dearer uncached get; ZSTD is smaller still but its gets
+    # are far slower, and LZ4HC (the same decoder) compresses on the core the sealer needs,
+    # which slows ingest (measured: docs/benchmarks.md, "Ingest"). One type for every
+    # level: row ids only grow, so compactions move files down without rewriting them and
+    # a bottommost-only setting would never apply.
     o.set_compression_type(DBCompressionType.lz4())
     o.set_compression_options(-14, 0, 0, 16 << 10)
     o.set_max_background_jobs(2)
@@ -81,12 +78,13 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, creat
     o.set_keep_log_file_num(2)
     # the ids and meta column families take small writes and rarely fill a memtable, and an
     # unflushed one keeps every WAL file since its oldest entry: cap the WAL, which makes
-    # RocksDB flush them (measured: WALs grew to ~630 MB per shard under sustained upserts)
+    # RocksDB flush them (without it, WALs grow without bound under sustained upserts)
     o.set_max_total_wal_size(MAX_WAL_BYTES)
     if secondary:
         # a secondary must keep every file it reads open (the writer deletes files that
         # compactions replaced), and by default each catch-up starts 15 file-opening
-        # threads: 485 us idle instead of 21 us (measured; shared/DESIGN.md)
+        # threads, which makes even an idle catch-up costly (docs/benchmarks.md, "Read
+        # replicas")
         o.set_max_open_files(-1)
         o.set_max_file_opening_threads(1)
     else:
@@ -114,13 +112,12 @@ class WriteBuffers:
     When a write finds the budget spent, RocksDB flushes the memtables of the instance being
     written, never another's. So a collection that was loaded and then left alone keeps its
     share until it is closed, and every later write anywhere else flushes memtables of about
-    one write each: 300k product_clicks rows after 100k events made up to 156 SST files
-    instead of 22 (docs/benchmarks.md). Here, a write that finds the budget 7/8 spent
-    (checked at most every CHECK_SECONDS) has the memtables of other collections' stores not
-    written for IDLE_SECONDS flushed in the background, the largest first, until 3/4 of the
-    budget would be left. The shards of the collection being written are left to RocksDB:
-    while a batch goes to one shard the others wait, and flushing them then doubled the
-    flushes of 100k events (10-11 -> 23-28) for no gain.
+    one write each: many tiny SST files, to be compacted later. Here, a write that finds the
+    budget 7/8 spent (checked at most every CHECK_SECONDS) has the memtables of other
+    collections' stores not written for IDLE_SECONDS flushed in the background, the largest
+    first, until 3/4 of the budget would be left. The shards of the collection being written
+    are left to RocksDB: while a batch goes to one shard the others wait, and flushing them
+    as idle would multiply the flushes for no gain (measured: docs/benchmarks.md, "Ingest").
     """
 
     IDLE_SECONDS = 0.2
@@ -362,7 +359,7 @@ class Batch:
 
     def put_all(self, cf: str, keys: list[bytes], values: list[bytes]) -> None:
         """``put`` of each key with its value: one op, built in a C loop (ingest writes two
-        keys a document, and a Python loop over them cost ~0.5 us a document)."""
+        keys a document, and a Python loop over them is a cost per document)."""
         self.ops.append((3, cf, keys, values))
 
     def delete(self, cf: str, key: bytes) -> None:

@@ -53,7 +53,8 @@ class Supervisor:
     def prepare(self) -> str | None:
         """Make the database if needed and the first admin key (returned). The demo data is
         loaded by the ingest process, not here: the supervisor lives as long as the service,
-        and would keep the memory of loading it (about 170 MB) for nothing."""
+        and would keep the memory of loading it for nothing (docs/benchmarks.md, "Memory
+        defaults")."""
         cfg = self.config
         with rtindex.open(cfg.data):  # creates it, or checks it is one
             pass

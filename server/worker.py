@@ -27,17 +27,18 @@ def _die_with_parent() -> None:
 
 
 def tune_runtime(role: str) -> None:
-    """Measured in benchmarks/rockbench.py and qps.py (docs/benchmarks.md):
+    """The interpreter settings of a service process (the figures behind them are in
+    docs/benchmarks.md, "The service"):
 
     - The objects alive after start-up (modules, the open database) are frozen out of the
-      cyclic GC, and its first threshold raised. Parsing a 2 MB write body made ~25k
-      objects and with them a full collection over the whole heap: 95 ms per body with the
-      GC as it comes, 24 ms without it. Collections still run, 70 times less often.
+      cyclic GC, and its first threshold raised. Parsing a large write body makes tens of
+      thousands of objects and with them a full collection over the whole heap, several
+      times the cost of the parse itself. Collections still run, far less often.
     - A query process switches threads every 1 ms instead of 5: while a query runs in a
       worker thread, the event loop (429s, relayed writes, small queries) waits for the
       GIL at most that long.
     - pyarrow imports pandas the first time ``pa.array`` converts Python values (its pandas
-      shim): 270 ms that the first query of each process paid. Done here, before the freeze.
+      shim), which the first query of each process would pay. Done here, before the freeze.
     """
     import gc
 

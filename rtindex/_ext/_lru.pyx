@@ -805,7 +805,8 @@ def untrack_json(value):
 
     A JSON tree has no reference cycles, so the collector has nothing to find in it, but it
     would still traverse every cached row on each full collection: with a few hundred
-    thousand cached rows that is a pause of 100+ ms (measured: 215 ms) at random queries.
+    thousand cached rows that is a long pause at random queries (measured:
+    docs/benchmarks.md, "RowStoreCache").
     Untracked containers are freed by reference counting as usual. Only for values nobody
     modifies (cached rows are read-only; callers get ``copy_json`` copies, which are tracked).
     """

@@ -67,11 +67,11 @@ cdef inline void* huge_zalloc(size_t count, size_t size) except NULL:
     kernel may back with transparent huge pages. Free with ``huge_free`` and the same sizes.
 
     For large, randomly probed arrays that are filled once and freed whole (the term table):
-    measured with ``perf``, zeroing a fresh table 4 KiB page at a time was most of the ingest
-    thread's page faults, and a probe into tens of MB of small pages misses the TLB. The
-    mapping comes zeroed, so there is no memset (the kernel's zeroing stays: see
-    docs/benchmarks.md, "Fourth session"); where the kernel gives no huge pages (THP off, not
-    Linux) it is plain anonymous memory. Below a huge page it is ``calloc``."""
+    zeroing a fresh table 4 KiB page at a time makes most of the ingest thread's page faults
+    (``perf``; docs/benchmarks.md, "Ingest"), and a probe into tens of MB of small pages
+    misses the TLB. The mapping comes zeroed, so there is no memset (the kernel's zeroing
+    stays); where the kernel gives no huge pages (THP off, not Linux) it is plain anonymous
+    memory. Below a huge page it is ``calloc``."""
     cdef size_t room, over
     cdef char* p
     cdef char* q

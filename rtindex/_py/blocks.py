@@ -30,26 +30,23 @@ Writers use width 2 exactly when the whole block is at most 65535 bytes (a ~16 K
 takes 2; one with a huge roaring entry or under a huge target takes 4); readers accept either.
 
 Why front coding: a block's terms are sorted and mostly share a long prefix with its first
-term (the column key: encoded path and type tag, often part of the value). Measured on 100k
-RockBench events (126.6 MB of JSON, 1.96M entries): term blocks 83.6 MB in format 1, 48.9 MB
-in format 2 (term bytes 48.9 -> 18.1 MB, entry heads 7.8 -> 3.9 MB). Why the first term and
-not the previous one (which would save a little more): any entry still decodes alone, so a
-lookup stays a binary search over the offsets table. It compares the key with the first
-term once (their common prefix ``L``), then each probed entry by ``shared`` and its suffix
-only (``shared > L``: the entry orders against the key as the first term does; else compare
-``key[shared:]`` with the suffix). Writers store the longest shared prefix, so the bytes
-are a function of the terms; readers only require ``shared <= len(first term)``.
+term (the column key: encoded path and type tag, often part of the value), so storing only
+the suffixes makes term blocks much smaller (measured: docs/benchmarks.md, "Ingest"). Why
+the first term and not the previous one (which would save a little more): any entry still
+decodes alone, so a lookup stays a binary search over the offsets table. It compares the key
+with the first term once (their common prefix ``L``), then each probed entry by ``shared``
+and its suffix only (``shared > L``: the entry orders against the key as the first term
+does; else compare ``key[shared:]`` with the suffix). Writers store the longest shared
+prefix, so the bytes are a function of the terms; readers only require
+``shared <= len(first term)``.
 
 Why format 3: most postings are small raw sets, and a uint32 per offset plus a uint32 per
-table slot was the largest part left. On 300k product_clicks rows (4 shards, 12 segments)
-term blocks took 14.17 MB in format 2 and 10.11 MB in format 3 (``_id`` 4.72 -> 3.74,
-``ts`` 4.31 -> 3.22, ``product_id`` 2.16 -> 1.38, ``impressions`` 1.25 -> 0.59, ``city``
-0.80 -> 0.59, ``clicks`` 0.73 -> 0.39): raw postings take 1.5-2.4 bytes an offset instead of
-4 and the table 2 bytes an entry instead of 4, with lookups unchanged within the noise of
-the measurement (block_get, terms_get on int and string terms). Measured and left out: front
-coding against the previous term with a restart (the first term) every 16 entries would save
-a further 1.4 MB there (suffixes of ``_id`` 1.78 -> 1.04 MB, ``ts`` 1.36 -> 0.98 MB) but
-make a lookup scan up to 15 entries after its binary search, and the merge rebuild terms.
+table slot are the largest part of format 2's blocks. A varint gap takes one byte below 128
+and two below 16,384, and the table 2 bytes an entry, which makes the blocks of small-row
+data sets much smaller with lookups (block_get, terms_get) as fast (docs/benchmarks.md,
+"Ingest"). Left out: front coding against the previous term with a restart (the first term)
+every 16 entries would save a little more but make a lookup scan up to 15 entries after its
+binary search, and the merge rebuild terms.
 
 Formats 1 and 2 (magics b"RTB\\x01" and b"RTB\\x02", segments written before format 3) have
 an 8-byte header (magic, uint32 n) and a uint32 offsets table (``off[0] = 12 + 4n``); a raw
@@ -85,7 +82,7 @@ A term's hash ``h`` is FNV-1a 64 of its bytes followed by splitmix64's finalizer
 disk, so it must not be Python's ``hash``). Its block is ``((h >> 32) * n_blocks) >> 32``;
 its k bits in that block are the top 9 bits of ``x``, ``x * C``, ... ``x * C**(k-1)`` where
 ``x = (h mod 2**32) * C`` and ``C = 0x9E3779B9``, all mod 2**32. A builder sizes the filter at
-10 bits per term with k = 7: about 1% of absent terms pass (measured), none present fail.
+10 bits per term with k = 7: about 1% of absent terms pass, none present fail.
 """
 
 from __future__ import annotations

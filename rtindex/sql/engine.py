@@ -43,10 +43,9 @@ from rtindex.sql.sources import MultiQuery
 if TYPE_CHECKING:
     from rtindex.snapshot import Postings, Snapshot
 
-# Cost model, in microseconds, from benchmarks/query.py --quick on the 2-core development
-# machine (docs/benchmarks.md): fetching, decoding and framing one matched row (~9 us with
-# 60-field events, ~8 us with small rows); reading and filtering one value of one column
-# in a scan (~0.035 us).
+# Cost model, in microseconds, from benchmarks/query.py --quick (the measured figures are in
+# docs/benchmarks.md, "Queries"): ROW_COST is fetching, decoding and framing one matched
+# row; COLUMN_COST reading and filtering one value of one column in a scan.
 ROW_COST = 8.0
 COLUMN_COST = 0.035
 SCAN_OVERHEAD = 400.0
@@ -166,8 +165,8 @@ class SqlEngine:
         index path, which is the only path for documents, without building what its
         choice and its other cases need (an _Execution, the scan's blockers, the planner's
         evaluator state). A lookup that returns a row or two is a few microseconds of
-        posting lists and cached rows; those objects cost five times that, and a key-value
-        lookup is what this kind of query is run for, at high rates
+        posting lists and cached rows; those objects cost several times that, and a
+        key-value lookup is what this kind of query is run for, at high rates
         (tests/test_sql_point.py checks the two paths agree). None: a result over
         ``max_result_bytes``, which the general path refuses (with a stream to read it)."""
         checked = _check_params(q, params)

@@ -620,8 +620,8 @@ class PlanCache:
         if not isinstance(sql, str):
             raise SqlError(f"SQL must be a string, not {type(sql).__name__}")
         # A hit takes no lock: each OrderedDict call is atomic, and with a lock every query
-        # thread queued behind one the GIL had paused inside it (two threads ran ARRAY_CONTAINS
-        # at 0.48x the rate of one; py-spy: half their time waiting here)
+        # thread queued behind one the GIL had paused inside it, so two threads ran slower
+        # than one (measured: docs/benchmarks.md, "Queries")
         q = self._plans.get(sql)
         if q is not None:
             try:

@@ -134,10 +134,10 @@ class SmallPlan:
 
 class _Groups:
     """The rows of a frame split into groups by the values of its key columns, computed with
-    numpy: Arrow's group_by costs ~360 us a call in fixed costs (acero), numpy's bincount a
-    few. NULL is a group of its own, and 0.0 and -0.0 are one group, as all NaNs are (as
-    DuckDB groups them). Groups come in the order of their first rows (so rows an ORDER BY
-    ties come in that order; DuckDB's is arbitrary)."""
+    numpy: Arrow's group_by has a fixed cost per call (acero) far above numpy's bincount
+    (docs/benchmarks.md, "Queries"). NULL is a group of its own, and 0.0 and -0.0 are one
+    group, as all NaNs are (as DuckDB groups them). Groups come in the order of their first
+    rows (so rows an ORDER BY ties come in that order; DuckDB's is arbitrary)."""
 
     def __init__(self, keys: list[pa.Array], types: list[str], n: int):
         self.count = 1  # (no keys: one group, even of no rows)
@@ -203,8 +203,8 @@ class _Groups:
 
 def _top(values: np.ndarray, descending: bool, k: int) -> np.ndarray:
     """The first ``k`` (< len(values)) positions of a stable sort of ``values`` (numbers, no
-    NaN), without sorting them all: the usual ORDER BY x LIMIT k over many groups (measured
-    in the CTR query of issue 12, ~2,900 groups: ~70 us against Arrow's sort_indices' ~190)."""
+    NaN), without sorting them all: the usual ORDER BY x LIMIT k over many groups, where it
+    beats Arrow's sort_indices (docs/benchmarks.md, "Queries")."""
     n = len(values)
     if descending:  # every value at least the k-th largest, then the stable descending order of those
         candidates = np.flatnonzero(values >= np.partition(values, n - k)[n - k])
