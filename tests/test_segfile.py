@@ -7,6 +7,7 @@ import struct
 import zlib
 
 import pyarrow as pa
+import orjson
 import pytest
 from pyroaring import FrozenBitMap
 
@@ -16,10 +17,9 @@ from rtindex.errors import CorruptionError, StorageError
 
 
 def _segment(directory, segid=7, n=50):
-    b = SegmentBuilder(64)
-    for i in range(n):
-        b.add({"_id": i, "k": f"v{i % 5}", "x": i * 1.5})
-    cols = [(ck, columns.encode(columns.dense(ck[-1], offs, vals, n))) for ck, offs, vals in b.columns()]
+    b = SegmentBuilder()
+    b.add_json([orjson.dumps({"_id": i, "k": f"v{i % 5}", "x": i * 1.5}) for i in range(n)])
+    cols = [(ck, columns.encode(values)) for ck, values in b.dense_columns()]
     return b, segfile.write_segment(str(directory), segid, 1000, n, FrozenBitMap(range(n)),
                                     b.write_blocks(256), cols)
 
@@ -68,7 +68,7 @@ def test_damage_is_corruption_naming_the_file(tmp_path, damage):
 
 def test_a_failed_write_leaves_no_file(tmp_path):
     b = SegmentBuilder()
-    b.add({"_id": 1})
+    b.add_json([b'{"_id": 1}'])
 
     def blocks():
         yield next(iter(b.write_blocks(256)))

@@ -1,221 +1,232 @@
-# Declarations of the compiled mutable segment builder (implementation in _segment.pyx).
-from cpython.array cimport array
-from cpython.object cimport PyObject
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+# Declarations of the compiled mutable segment (implementation and layout notes in _segment.pyx).
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from rtindex._ext._types cimport offset_t, term_id_t
+from rtindex._ext._types cimport offset_t
 
 
 cdef enum:
-    PLIST_INLINE = 2  # a posting list of up to this many rows lives inside its PList
+    DIR_CHUNKS = 40  # chunks of a Dir: chunk k holds DIR_FIRST << k entries
+    INLINE_POSTINGS = 2  # postings kept in a TRec before its slices
 
 
-cdef struct U32Vec:
-    uint32_t* data  # heap buffer (NULL until the first push)
-    size_t n  # entries in use
-    size_t cap  # entries allocated
+# ---------------------------------------------------------------- the shared mapping
+# Everything below lives in the mapped file at an offset; offsets (never pointers) link it,
+# so another process can map the file at another address. Memory is only appended: nothing
+# moves or is freed while the file lives, and fresh memory is zero.
+
+cdef struct Dir:
+    uint64_t chunk[DIR_CHUNKS]  # offset of chunk k (0: not allocated yet)
 
 
-cdef struct Buf:
-    unsigned char* data  # heap buffer (NULL until the first append)
-    size_t n  # bytes in use
-    size_t cap  # bytes allocated: room(most ever in use, BUF_MIN)
+cdef struct Header:
+    uint64_t magic  # MAGIC: a mutable segment file of this layout version
+    uint64_t base  # row id of offset 0
+    uint64_t seed0  # SipHash key (random per file): term and column hashing
+    uint64_t seed1
+    uint64_t reserve  # bytes of address space each process maps for the file
+    uint64_t size  # bytes the file holds (allocated ahead of use)
+    uint64_t used  # bytes handed out by the arena (the writer's bump pointer)
+    uint64_t log_seq  # published with rows: the writer's change log sequence (stored first)
+    uint64_t rows  # published: rows visible to readers of other processes
+    uint64_t n_cols  # columns made (a CRec is complete before this counts it)
+    uint64_t n_terms  # terms made
+    uint64_t table  # offset of the current term table (a TableHead then its slots)
+    uint32_t max_depth  # the writer's nesting limit (for information)
+    uint32_t version  # layout version (MAGIC carries it too)
+    Dir cols  # column id -> CRec
+    Dir rowpos  # row offset -> offset of the row's bytes (a Bytes record)
 
 
-cdef struct Copy:
-    unsigned char* dst  # into a new Arrow buffer
-    const unsigned char* src  # NULL: fill with 0xFF bytes instead (a NULL column's trues)
-    size_t n  # bytes
-    unsigned char last  # bits of the last byte that are values (0: all; else the others are cleared)
-
-
-cdef union PData:
-    offset_t* heap  # heap buffer, when n > PLIST_INLINE (capacity: max(8, next power of 2))
-    offset_t inl[PLIST_INLINE]  # inline storage, when n <= PLIST_INLINE (most terms)
-
-
-cdef struct PList:
-    uint32_t n  # row offsets in use, strictly increasing (the capacity follows from n)
-    offset_t last  # the last offset (when n > 0): the once-per-row test reads no array
-    PData d  # the offsets
+cdef struct TableHead:
+    uint64_t mask  # slots - 1 (slots: a power of two)
+    uint64_t pad
 
 
 cdef struct TSlot:
-    uint64_t key  # the term's TEntry.key (compared here, so a probe reads no entry)
-    uint32_t cid1  # column id + 1; 0 marks an empty slot
-    term_id_t tid  # the term: index in SegmentBuilder._terms
+    uint64_t key  # the term's value key (strings: the hash of their UTF-8)
+    uint32_t cid1  # column id + 1, stored last (release); 0: empty slot
+    uint32_t tid  # term id: its TRec's offset / 8
 
 
-cdef struct TEntry:
-    uint64_t key  # value key: encoded int/float/timestamp, 0/1 for bools, 0 for null and
-                  # markers, hash(str) for strings (then checked against the stored str)
-    uint32_t cid1  # column id + 1
-    term_id_t tid  # term id: creation order, this entry's index in _terms
-    PyObject* sv  # (borrowed from _vals) the str of a STRING term, else NULL
-    PList pl  # the term's postings
+cdef struct TRec:  # a STRING term's UTF-8 follows it (a Bytes record)
+    uint64_t key  # value key (a STRING term: the hash of its UTF-8)
+    uint32_t cid  # column id
+    uint32_t n  # postings (stored after the posting, release)
+    uint32_t inl[INLINE_POSTINGS]  # postings 0 and 1
+    uint32_t last  # the last posting (writer)
+    uint32_t tail_s  # index of the last slice (writer)
+    uint64_t head  # first slice of postings 2.. (0: none)
+    uint64_t tail  # last slice (writer)
 
 
-cdef struct Pending:
-    uint64_t key  # the term's TEntry.key
-    uint32_t cid  # its column id
-    term_id_t hint  # _commit, STRING terms: the first term with this key and column, or NO_TERM
-    PyObject* sv  # owned reference to the str of a STRING term, else NULL
+cdef struct CList:
+    uint64_t head  # first slice (0: none)
+    uint64_t tail  # last slice (writer)
+    uint32_t n  # elements (stored after the element, release)
+    uint32_t tail_s  # index of the last slice (writer)
 
+
+cdef struct CRec:
+    uint64_t key  # offset of the column key (a Bytes record: encoded path + type tag)
+    uint32_t tag  # type tag (keys.NULL ... keys.OBJECT)
+    uint32_t pad
+    CList tids  # uint32 term ids of the column, in creation order
+    CList offs  # column store: uint32 row offsets of the values (leaves outside arrays)
+    CList vals  # column store values: int64/double (8 bytes), bool (1), STRING: uint32 term
+                # id, ARRAY: uint64 offset of the JSON text (a Bytes record); NULL: none
+
+
+# ---------------------------------------------------------------- the writer's own memory
+
+cdef struct Node:
+    uint64_t hash  # hash of (parent, key bytes): the path table's key
+    const unsigned char* key  # the member name as UTF-8 (in the private arena)
+    const unsigned char* enc  # the encoded path (keys.encode_path) + room for a type tag
+    uint32_t key_len  # bytes of key
+    uint32_t enc_len  # bytes of enc (without the tag)
+    uint32_t parent  # node id of the parent (the root is node 0)
+    uint32_t first_child  # prediction: the member walked first last time below this node
+    uint32_t next_sib  # prediction: the member walked after this one last time
+    uint32_t cid1[9]  # column id + 1 of this path per type tag (index: the tag), 0: none yet
+    uint64_t stamp  # the object instance this node was last a member of (duplicate keys)
+    uint8_t is_event_time  # the top-level `_event_time` (an integer there is a TIMESTAMP)
+
+
+cdef struct Pend:
+    uint64_t key  # value key (strings: their hash)
+    uint64_t s_at  # STRING term, ARRAY text: where the bytes are (input or scratch offset)
+    uint32_t s_len  # their length
+    uint32_t cid  # column id
+    uint8_t tag  # type tag
+    uint8_t what  # PEND_TERM, PEND_TERM_COL (also the row's column value) or PEND_COL (ARRAY text)
+    uint8_t in_scratch  # s_at is an offset into the scratch buffer, not the input
+    uint8_t pad
+    uint32_t hint  # commit: the term whose slot matched (key, column), NO_TERM: none
+
+
+cdef struct Frame:
+    uint64_t serial  # object instance number (duplicate keys)
+    uint64_t start  # array: input offset of its '['
+    uint64_t ws  # array: whitespace bytes skipped before its '['
+    uint32_t node  # path node of the members (object) or elements (array)
+    uint32_t member  # object: node of the member being read (NO_NODE: none yet)
+    uint32_t prev  # object: node of the previous member (sibling prediction)
+    uint32_t index  # array: index of the element being read
+    uint8_t is_array
+    uint8_t in_array  # inside an array (no column values)
+    uint8_t col_array  # array outside arrays: its text is a column value
+
+
+cdef struct DocError:
+    int code  # E_* (see _segment.pyx)
+    uint32_t doc  # index of the document in its batch
+    uint64_t pos  # byte position (syntax errors)
+    uint64_t extra  # the byte (unexpected character), the sign (non-finite number)
+    uint32_t* path  # (is_index << 31 | node id or index) per level
+    uint32_t depth  # levels in path
+
+
+cdef struct ErrList:
+    DocError* items  # the errors of a batch's documents, in document order
+    size_t n
+    size_t cap
+
+
+# ---------------------------------------------------------------- sorting terms (seal)
 
 cdef struct SortItem:
-    uint64_t key  # sort key at the current depth: TEntry.key for numeric terms; for strings
-                  # 8 bytes of the encoded value (big-endian, zero-padded), the first 8 first
-    TEntry* e  # the term's entry (the terms cannot move while a TermSort exists)
-    const unsigned char* v  # string term: its encoded value (escaped UTF-8 + 00 00) in
-                            # the TermSort arena, its length in the 8 bytes before; else NULL
+    uint64_t key  # sort key at the current depth (see above)
+    TRec* e  # the term's record
+    uint64_t tid  # its id
+    uint32_t n  # its postings (as read once)
+    const unsigned char* v  # string term: its encoded value in the arena (length before it)
+
+
+cdef struct Cand:
+    TRec* e  # a term whose postings may encode as roaring
+    uint32_t n  # its postings (as read once)
+
+
+# private memory handed out in order from chunks that never move, freed all at once
+cdef struct Arena:
+    unsigned char** chunks
+    size_t n_chunks
+    size_t cap_chunks
+    unsigned char* free_at  # free bytes of the last chunk
+    size_t free_len
+    size_t held  # bytes of all chunks
 
 
 cdef struct TermSort:
     SortItem* items  # every term, bucketed by column key rank; in term order once sorted
-    size_t n  # terms (== SegmentBuilder._n_terms)
-    size_t* bucket  # rank -> start of its bucket in items (n_ranks + 1 entries, the last n)
-    SortItem* tmp  # scratch of the radix sort (as large as the largest bucket)
-    unsigned char** chunks  # the arena: encoded values of the string terms, each after its
-                            # length (a size_t), in chunks that never move
-    size_t n_chunks  # chunks in use
-    size_t chunks_cap  # entries of chunks allocated
-    unsigned char* free_at  # first free byte of the last chunk
-    size_t free_len  # free bytes there
-    uint32_t* rank_of  # column id -> rank of its column key among the sorted column keys
+    size_t n  # terms
+    size_t* bucket  # rank -> start of its bucket in items (n_ranks + 1 entries)
+    SortItem* tmp  # scratch of the radix sort
+    Arena strs  # encoded string values
+    uint32_t* rank_of  # column id -> rank of its column key
+    uint32_t* rank_cid  # rank -> column id
     size_t n_ranks  # column keys with terms
-    const unsigned char** ck  # rank -> column key bytes (borrowed: the _Column objects own them)
-    Py_ssize_t* ck_len  # rank -> column key length
-    unsigned char* ck_tag  # rank -> type tag
-    TEntry** cand  # entries whose postings may encode as roaring (>= 64 rows), in term order
-    size_t n_cand  # entries of cand in use
-    size_t cand_cap  # entries of cand allocated
-    const unsigned char** ser  # write_blocks: cand i -> its serialized BitMap (borrowed), NULL: raw
-    Py_ssize_t* ser_len  # write_blocks: cand i -> length of ser
+    const unsigned char** ck  # rank -> column key bytes (in the mapping)
+    Py_ssize_t* ck_len
+    unsigned char* ck_tag
+    Cand* cand  # terms whose postings may encode as roaring (>= RAW_MAX rows), by address
+    size_t n_cand
+    size_t cand_cap
+    const unsigned char** ser  # cand i -> its serialized BitMap (borrowed), NULL: raw
+    Py_ssize_t* ser_len
     size_t bad  # write_blocks: index in items of the first term too long for a block
+    uint32_t* post  # postings of the term being encoded
+    size_t post_cap
 
 
-cdef struct Where:
-    const Where* up  # the enclosing container, NULL at the document root
-    PyObject* key  # object key of this value (borrowed), NULL for an array element
-    Py_ssize_t index  # array index of this value when key is NULL
-
-
-cdef class _Column:
-    cdef bytes key  # column key: encoded path + type tag (the prefix of every term below)
-    cdef int tag  # keys.NULL ... keys.OBJECT
-    cdef uint32_t cid  # column id: index in SegmentBuilder._cols
-    cdef U32Vec tids  # this column's term ids, in creation order
-    cdef U32Vec offs  # column store: row offsets of the values below (leaves outside arrays)
-    cdef Buf vals  # column store values, as Arrow lays them out: int64 (INT, TIMESTAMP), double
-                   # (FLOAT), one bit each, least significant first (BOOL), UTF-8 one after
-                   # another (STRING, ARRAY: the JSON text); unused for NULL (all true)
-    cdef Buf ends  # STRING, ARRAY: int64 end of each value in vals (Arrow's offsets but the 0)
-
-
-cdef class _Node:
-    cdef bytes enc  # encoded path (ends with PATH_END); b"" for the document root
-    cdef dict children  # exact str key -> child _Node (the path-encoding cache)
-    cdef object key  # the key object this node was last reached by (identity fast path)
-    cdef _Node last_child  # the child created or looked up last
-    cdef PyObject* first_child  # (borrowed) the child walked first last time: the prediction
-    cdef PyObject* next_sib  # (borrowed) the sibling walked after this node last time
-    cdef bint is_event_time  # the top-level `_event_time` path (ints become TIMESTAMP)
-    cdef _Column c_null  # columns of this path, one per type tag, None until first used
-    cdef _Column c_bool
-    cdef _Column c_int
-    cdef _Column c_float
-    cdef _Column c_str
-    cdef _Column c_ts
-    cdef _Column c_arr
-    cdef _Column c_obj
+cdef struct Tail:
+    unsigned char* map  # the mapping (reserve bytes; the file's bytes below h.size)
+    Header* h  # == map
+    size_t mapped  # bytes mapped
+    int fd  # the file (-1: anonymous memory)
+    bint writer  # this process adds rows (else: a read-only view of another's)
+    uint32_t n  # rows added (the writer's count; readers use the published one)
+    Py_ssize_t max_depth  # nesting limit of the walk
+    # the writer's own memory: the path tree and the walked document's scratch
+    Node* nodes  # node id -> Node (0: the root)
+    uint32_t n_nodes
+    uint32_t cap_nodes
+    uint32_t* ntable  # path table: probe slot -> node id + 1 (0: empty)
+    uint64_t nmask  # its slots - 1
+    Arena names  # member names, encoded paths
+    size_t private_bytes  # bytes of private memory held (besides names)
+    Pend* pend  # the walked document's terms and column values
+    size_t n_pend
+    size_t cap_pend
+    unsigned char* scratch  # decoded strings and compacted array texts of the document
+    size_t n_scratch
+    size_t cap_scratch
+    Frame* frames  # the container stack of the walk
+    size_t cap_frames
+    uint64_t serial  # object instances walked so far
+    const unsigned char* doc  # the document being walked
+    size_t doc_len
+    DocError err  # the error of the document that failed last
 
 
 cdef class SegmentBuilder:
-    cdef object _max_depth_obj  # max_depth as given (used in error messages)
-    cdef Py_ssize_t _max_depth  # max_depth clamped to Py_ssize_t (used in comparisons)
-    cdef _Node _root  # root of the path tree
-    cdef Pending* _pend  # scratch: terms of the row being added, in walk order (then resolved)
-    cdef size_t _n_pend  # entries of _pend in use
-    cdef size_t _cap_pend  # entries of _pend allocated
-    cdef TSlot* _table  # open-addressing (linear probing) term table: (column, key) -> term id
-    cdef size_t _mask  # table slots - 1 (slots: a power of two)
-    cdef size_t _count  # occupied slots (== _n_terms)
-    cdef TEntry* _terms  # term id -> the term (dense, in creation order; moves as it grows)
-    cdef Py_ssize_t _n_terms  # distinct terms
-    cdef Py_ssize_t _cap_terms  # entries of _terms allocated
-    cdef list _vals  # term id -> value (the str of a STRING term; None or the value otherwise)
-    cdef list _cols  # column id -> _Column
-    cdef dict _colobjs  # column key -> _Column (including ones without any term yet)
-    cdef list _colkeys  # column keys with at least one term, in first-term order
-    cdef Py_ssize_t _n  # rows added
-    cdef Py_ssize_t _nbytes  # memory held beyond what nbytes computes from _n_terms (see nbytes)
-    cdef offset_t _off  # offset of the row being added
-    cdef U32Vec _doc_terms  # scratch: term ids that got a posting for the row being added
-    cdef PyObject** _doc_cols  # scratch: columns (borrowed) that got a value for that row
-    cdef size_t _n_doc_cols  # entries of _doc_cols in use
-    cdef size_t _cap_doc_cols  # entries of _doc_cols allocated
-    cdef bint _busy  # inside add(): guards against re-entry (e.g. from another thread)
-    cdef Py_ssize_t _fail_at  # tests: MemoryError before resolving queued term n (-1: never)
-    cdef Py_ssize_t _pins  # write_blocks()/column()/columns() calls under way (they may release
-                          # the GIL): add() refuses
-
-    cdef TEntry* _find(self, uint32_t cid, uint64_t key, str sv)
-    cdef TEntry* _find_tid(self, Py_ssize_t tid)
-    cdef size_t _slot_of(self, Py_ssize_t tid)
-    cdef term_id_t _likely_tid(self, uint64_t key, uint32_t cid1) noexcept
-    cdef TEntry* _insert(self, _Column col, uint64_t key, object sv) except NULL
-    cdef int _grow_table(self) except -1
-    cdef void _delete_slot(self, size_t i) noexcept
-    cdef int _queue(self, _Column col, uint64_t key, object sv) except -1
-    cdef int _commit(self) except -1
-    cdef void _release_pending(self) noexcept
-    cdef int _post(self, TEntry* e) except -1
-    cdef int _col_add(self, _Column col, const void* v, size_t n, str s) except -1
-    cdef list _copy_columns(self, list cols, list cuts)
-    cdef bytes _term_bytes(self, Py_ssize_t tid)
-    cdef Py_ssize_t _term_id(self, bytes term) except -2
-    cdef array _postings_copy(self, Py_ssize_t tid, uint64_t limit)
+    cdef Tail t  # the state (C functions work on it without the GIL)
+    cdef bint _closed
+    cdef object _path  # the file's path (None: anonymous memory)
+    cdef object _max_depth_obj  # max_depth as given (error messages)
+    cdef dict _colmap  # column key -> column id, learned from the column records
+    cdef Py_ssize_t _pins  # calls that released the GIL and still read the mapping
+    cdef bint _busy  # add_json/add_columns under way (one writer at a time)
+    cdef bint _broken  # a batch failed midway: no more rows may be added
+    cdef Py_ssize_t _learned  # column records learned into _colmap
+    cdef _release(self)
+    cdef _init_private(self)
+    cdef int _check(self) except -1
+    cdef int _check_writer(self) except -1
+    cdef Py_ssize_t _cid(self, bytes column_key)
+    cdef bytes _term_bytes(self, uint64_t tid)
+    cdef bytes _col_key(self, uint64_t cid)
+    cdef list _copy_columns(self, list cids, list counts)
+    cdef object _dense(self, uint64_t cid, uint64_t k, uint64_t n)
+    cdef _batch_failed(self, int code, uint64_t extra)
     cdef list _sort_prepare(self, TermSort* s)
-    cdef int _sort_terms(self, TermSort* s) noexcept nogil
-    cdef _Node _lookup_child(self, _Node parent, object key)
-    cdef _Node _new_child(self, _Node parent, object key)
-    cdef _Node _child(self, _Node parent, object key)
-    cdef _Column _new_column(self, _Node node, int tag)
-    cdef int _walk_object(self, object obj, _Node node, const Where* where, Py_ssize_t depth,
-                          bint in_array) except -1
-    cdef int _walk_value(self, object v, _Node parent, object key, _Node node,
-                         const Where* where, Py_ssize_t depth, bint in_array) except -1
-    cdef int _walk_container(self, object v, _Node parent, object key, _Node node,
-                             const Where* where, Py_ssize_t depth, bint in_array) except -1
-    cdef int _walk_array(self, object v, _Node parent, object key, _Node node,
-                         const Where* where, Py_ssize_t depth, bint in_array) except -1
-    cdef int _leaf_str(self, str v, _Node parent, object key, _Node node,
-                       const Where* where, bint in_array) except -1
-    cdef int _leaf_int(self, object v, _Node parent, object key, _Node node,
-                       const Where* where, Py_ssize_t depth, bint in_array) except -1
-    cdef int _leaf_float(self, object v, _Node parent, object key, _Node node,
-                         const Where* where, bint in_array) except -1
-    cdef int _leaf_fixed(self, object v, int tag, _Node parent, object key, _Node node,
-                         bint in_array) except -1
-    cdef int _rollback(self, Py_ssize_t n_terms_before, Py_ssize_t nbytes_before) except -1
-    cdef int _drop_terms(self, Py_ssize_t n_terms_before) except -1
-    cdef Py_ssize_t _first_non_finite(self, object arr) except -2
-    cdef _Column _touch(self, _Node node, int tag, Py_ssize_t j, list touched)
-    cdef int _add_column(self, _Node node, object arr, Py_ssize_t j, Py_ssize_t n, offset_t base,
-                         list touched) except -1
-    cdef TEntry* _term(self, _Column col, uint64_t key) except NULL
-    cdef int _post_at(self, TEntry* e, offset_t off) except -1
-    cdef int _add_null(self, _Column ncol, offset_t off, TEntry** null_e, TEntry** null_terms) except -1
-    cdef int _add_nulls(self, _Column ncol, Py_ssize_t n, offset_t base) except -1
-    cdef int _add_fixed(self, _Column col, _Column ncol, const unsigned char* data,
-                        const unsigned char* valid, Py_ssize_t start, Py_ssize_t n,
-                        offset_t base) except -1
-    cdef int _add_strings(self, _Column col, _Column ncol, object offsets_buf, bint large,
-                          object data_buf, const unsigned char* valid, Py_ssize_t start,
-                          Py_ssize_t n, offset_t base) except -1
-    cdef void _hash_ahead(self, const unsigned char* offsets, bint large, const unsigned char* data,
-                          int64_t lo, int64_t hi, const unsigned char* valid, Py_ssize_t row,
-                          uint32_t cid1, uint64_t* key, bint* ascii_value) noexcept
-    cdef int _order_column_keys(self, Py_ssize_t k0, list touched) except -1
-    cdef int _rollback_columns(self, offset_t base, Py_ssize_t n_terms_before,
-                               Py_ssize_t nbytes_before, list touched) except -1

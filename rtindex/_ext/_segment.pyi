@@ -1,42 +1,60 @@
-"""Type stub of the compiled mutable segment builder (twin of rtindex._py.segment)."""
+"""Type stub of the compiled mutable segment (twin of rtindex._py.segment)."""
 
 from array import array
+from os import PathLike
 from typing import Any
 
 import pyarrow as pa
 
 class SegmentBuilder:
-    """In-memory postings and column values of the newest rows of one shard."""
+    """The newest rows of a shard, indexed in a mapping: a file other processes may attach."""
 
     max_depth: int
-    def __init__(self, max_depth: int = 64) -> None: ...
+    def __init__(self, path: str | PathLike | None = None, base: int = 0, max_depth: int = 64,
+                 reserve: int = ...) -> None: ...
+    @staticmethod
+    def attach(path: str | PathLike) -> "SegmentBuilder":
+        """A read-only view of the mutable segment another process writes in ``path``."""
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def base(self) -> int: ...
+    @property
+    def writer(self) -> bool: ...
     @property
     def n_rows(self) -> int:
-        """Rows added so far."""
+        """Rows added (the writer's count); for an attached view, the rows published."""
+    @property
+    def published(self) -> tuple[int, int]:
+        """(rows, change log sequence) as the writer last published them."""
+    def publish(self, rows: int, log_seq: int) -> None: ...
     @property
     def nbytes(self) -> int:
-        """Memory held: term table, per-term arrays and strs, postings, column buffers, path nodes."""
-    def add(self, doc: dict[str, Any]) -> int:
-        """Index ``doc`` as the next row; returns its offset. All or nothing on SchemaError."""
-    def add_columns(self, names: list[str], arrays: list[pa.Array]) -> int:
-        """Index the rows of ``arrays`` (the columns ``names``) as the next rows, exactly as
-        ``add`` would one by one; returns the offset of the first. All or nothing."""
-    def postings(self, term: bytes, limit: int) -> array:
-        """Offsets (< ``limit``) of the rows holding ``term``, increasing; a new array('I')."""
-    def column_terms(self, column_key: bytes) -> list[bytes]:
-        """Every distinct term of one column key (path + type), in no particular order."""
-    def column_keys(self) -> list[bytes]:
-        """Column keys (path + type) that have at least one term, in first-term order."""
-    def sorted_postings(self) -> list[tuple[bytes, array]]:
-        """All (term, offsets) pairs sorted by term: what a seal writes."""
-    def columns(self) -> list[tuple[bytes, array, pa.Array]]:
-        """(column key, offsets, Arrow values) for every column with values, sorted by column key."""
-    def column(self, column_key: bytes, limit: int) -> tuple[array, pa.Array]:
-        """(offsets, Arrow values) of one column's rows with offset < ``limit``: new arrays."""
-    def column_size(self, column_key: bytes, limit: int) -> int:
-        """How many rows with offset < ``limit`` have a value in this column (no copy)."""
-    def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]:
-        """The term blocks of a seal: what ``BlockWriter(target_bytes)`` makes of ``sorted_postings()``."""
-    def _test_fail_commit_at(self, n: int) -> None:
-        """Tests only: make ``add`` raise MemoryError before resolving its ``n``-th term, and
-        ``add_columns`` before indexing its ``n``-th value (column after column)."""
+        """Memory held: the mapping's bytes in use and the writer's private structures."""
+    def add_json(self, docs: list[bytes]) -> tuple[list[int], list[tuple[int, Exception]]]:
+        """Index JSON documents as the next rows: their offsets (-1: refused) and the errors."""
+    def add_columns(self, names: list[str], arrays: list[pa.Array], raws: list[bytes]) -> int:
+        """Index a record batch column-wise, as ``add_json`` would its rows; the first offset."""
+    def row(self, offset: int) -> bytes: ...
+    def postings(self, term: bytes, limit: int) -> array: ...
+    def column_terms(self, column_key: bytes) -> list[bytes]: ...
+    def column_keys(self) -> list[bytes]: ...
+    def column(self, column_key: bytes, limit: int) -> tuple[array, pa.Array]: ...
+    def column_size(self, column_key: bytes, limit: int) -> int: ...
+    def columns(self) -> list[tuple[bytes, array, pa.Array]]: ...
+    def dense_columns(self) -> list[tuple[bytes, pa.Array]]: ...
+    def sorted_postings(self) -> list[tuple[bytes, array]]: ...
+    def write_blocks(self, target_bytes: int = 16384) -> list[tuple[bytes, bytes]]: ...
+    def close(self) -> None: ...
+    def unlink(self) -> None: ...
+    def _test_counts(self) -> dict[str, int]: ...
+    def _test_fail_alloc_after(self, nbytes: int) -> None: ...
+
+def scan_top(raw: bytes) -> tuple[int, Any, bytes | None, int | None, int, bool]:
+    """(status, _id, id key, _event_time, closing brace position, has members) of a document."""
+def split_array(data: bytes, start: int = 0) -> list[bytes] | None:
+    """The elements of a JSON array as bytes each, without parsing them; None if it cannot."""
+def member_span(data: bytes, key: str) -> tuple[int, int] | None:
+    """(start, end) of a top-level member's value in a JSON object's text."""
+def nonfinite_path(doc: Any) -> tuple[list, float] | None:
+    """(path, value) of the first NaN or infinity in a document, or None."""

@@ -1,0 +1,95 @@
+"""Micro-benchmarks of the compiled kernels, with pytest-benchmark (not part of the test run).
+
+    python -m pytest benchmarks/test_kernels.py [--benchmark-json out.json]
+
+- the one-pass indexer (``SegmentBuilder.add_json``) per kind of document: RockBench events
+  (~1.25 KB, ~60 fields, nested), TSBS ``cpu`` rows, ``product_clicks`` rows; each round
+  indexes 1,000 documents into a fresh builder, in memory and in a file readers could map;
+- the top-level scan ingest reads ``_id`` and ``_event_time`` with (``scan_top``);
+- a term lookup in a mutable segment of 25,000 events (``postings``), a hit and a miss;
+- a row-cache hit (``RowCache.get``).
+
+Figures are per call; divide the indexer's by 1,000 for a document. docs/benchmarks.md has
+the current ones.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from rtindex import datagen, keys
+from rtindex._ext._lru import RowCache
+from rtindex._ext._segment import SegmentBuilder, scan_top
+
+N = 1000
+
+
+@pytest.fixture(scope="module")
+def data():
+    return {
+        "events": [orjson.dumps(d) for d in datagen.rockbench_events(N, seed=1)],
+        "tsbs": [orjson.dumps(d) for d in datagen.tsbs_cpu_rows(N)],
+        "clicks": [orjson.dumps(d) for d in datagen.product_clicks(N)],
+    }
+
+
+@pytest.mark.parametrize("kind", ["events", "tsbs", "clicks"])
+def test_index_in_memory(benchmark, data, kind):
+    docs = data[kind]
+
+    def run(b):
+        offsets, errors = b.add_json(docs)
+        assert not errors
+
+    benchmark.pedantic(run, setup=lambda: ((SegmentBuilder(),), {}), rounds=30)
+
+
+@pytest.mark.parametrize("kind", ["events", "tsbs"])
+def test_index_in_a_file(benchmark, data, kind, tmp_path):
+    docs = data[kind]
+    made = []
+
+    def setup():
+        b = SegmentBuilder(tmp_path / f"s{len(made)}.rtt")
+        made.append(b)
+        return (b,), {}
+
+    benchmark.pedantic(lambda b: b.add_json(docs), setup=setup, rounds=30)
+    for b in made:
+        b.close()
+        b.unlink()
+
+
+def test_scan_top(benchmark, data):
+    docs = data["events"]
+    benchmark(lambda: [scan_top(d) for d in docs])
+
+
+@pytest.fixture(scope="module")
+def segment():
+    b = SegmentBuilder()
+    docs = [orjson.dumps(d) for d in datagen.rockbench_events(25_000, seed=2)]
+    for i in range(0, len(docs), 1000):
+        b.add_json(docs[i : i + 1000])
+    first = orjson.loads(docs[7])
+    hit = keys.encode_path(("processBy",)) + bytes((keys.STRING,)) + keys.encode_string(first["processBy"])
+    miss = keys.encode_path(("processBy",)) + bytes((keys.STRING,)) + keys.encode_string("no-such-host")
+    return b, hit, miss
+
+
+def test_term_lookup_hit(benchmark, segment):
+    b, hit, _ = segment
+    assert len(benchmark(b.postings, hit, b.n_rows))
+
+
+def test_term_lookup_miss(benchmark, segment):
+    b, _, miss = segment
+    assert not len(benchmark(b.postings, miss, b.n_rows))
+
+
+def test_row_cache_hit(benchmark):
+    cache = RowCache(64 << 20)
+    row = orjson.loads(orjson.dumps(next(iter(datagen.rockbench_events(1, seed=3)))))
+    cache.put(42, row, 4096)
+    assert benchmark(cache.get, 42) is row
