@@ -7,6 +7,10 @@ Events are generated on the fly (never held in memory), so the RSS measured is r
 mutable segments (sealed by size), pending seals (at most 2 per shard), RocksDB memtables
 (one shared budget) and block cache. Full run: 5,000,000 events; --quick: 500,000.
 
+A reader process (``role="reader"``) follows the writer meanwhile, counting the collection
+every 0.1 s; its peak RSS (``reader_peak_rss_mb``) is what following costs it: the
+writer's segment files and mutable segments it maps, its RocksDB secondaries.
+
 First, whether ``seal_bytes`` bounds what it says: one in-memory segment builder is filled
 with ``--builder-events`` events (25,000: a shard's ``seal_rows``), each generated, parsed
 from its JSON and dropped, and the RSS it adds (``builder_taken_mb``) is set against what
@@ -53,12 +57,32 @@ def builder_bytes(n: int) -> tuple[float, float]:
     before = rss_mb()
     builder = SegmentBuilder()
     for doc in docs:
-        builder.add(orjson.loads(orjson.dumps(doc)))  # a fresh document, dropped after
+        builder.add_json([orjson.dumps(doc)])
     gc.collect()
     taken = rss_mb() - before
     counted = builder.nbytes / 1e6
     del builder
     return counted, taken
+
+
+def follow(path: str, ready, stop, out) -> None:
+    """A reader process: follow the database at ``path`` until ``stop``; put its peak RSS (MB)."""
+    db = None
+    while db is None:
+        try:
+            db = rtindex.open(path, role="reader")
+            coll = db["events"]
+        except (rtindex.NotFoundError, rtindex.NotADatabaseError):
+            if db is not None:
+                db.close()
+                db = None
+            time.sleep(0.05)
+    ready.set()
+    n = 0
+    while not stop.wait(0.1):
+        n = len(coll)
+    db.close()
+    out.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,9 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     start_rss = rss_mb()
     t0 = time.perf_counter()
     done = 0
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    ready, halt, got = ctx.Event(), ctx.Event(), ctx.Queue()
+    reader = ctx.Process(target=follow, args=(os.path.join(work, "db"), ready, halt, got))
+    reader_peak = None
     try:
         with rtindex.open(os.path.join(work, "db")) as db:
             coll = db.create_collection("events", shards=args.shards)
+            reader.start()
+            ready.wait(120)
             step = 50_000
             last = t0
             for i in range(0, n, step):
@@ -100,8 +132,14 @@ def main(argv: list[str] | None = None) -> int:
             coll.flush()
             secs = time.perf_counter() - t0
             count = len(coll)
+            time.sleep(0.5)
+            halt.set()
+            reader_peak, reader_saw = got.get(timeout=120)
+            reader.join(60)
     finally:
         stop.set()
+        if reader.is_alive():
+            reader.kill()
         shutil.rmtree(work, ignore_errors=True)
     out = {
         "events": done,
@@ -114,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         "builder_counted_mb": round(counted, 1),
         "builder_taken_mb": round(taken, 1),
         "builder_counted_vs_taken": round(counted / taken, 2),
+        "reader_peak_rss_mb": round(reader_peak) if reader_peak is not None else None,
+        "reader_documents": reader_saw if reader_peak is not None else None,
     }
     print(json.dumps(out))
     return 0

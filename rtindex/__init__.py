@@ -8,7 +8,7 @@
 from rtindex.client import connect
 from rtindex.collection import Collection, IngestStats
 from rtindex.database import Database, open
-from rtindex.documents import ItemError
+from rtindex.documents import ItemError, documents_of
 from rtindex.errors import (
     AccessDeniedError,
     AlreadyExistsError,
@@ -60,6 +60,7 @@ __all__ = [
     "SqlError",
     "StorageError",
     "UnsupportedSqlError",
+    "documents_of",
     "connect",
     "open",
 ]

@@ -59,13 +59,16 @@ if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
     from rtindex._py.blocks import (
         TermFilterBuilder,
         TermIndex,
+        block_first_last,
         block_get,
+        block_items,
         block_range,
         merge_blocks,
         terms_get,
     )
     from rtindex._py.lru import RowCache, copy_json, untrack_json
-    from rtindex._py.segment import SegmentBuilder
+    from rtindex._py.notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
+    from rtindex._py.segment import SegmentBuilder, member_span, nonfinite_path, scan_top, split_array
 
     IMPLEMENTATION = "python"
 else:
@@ -73,28 +76,42 @@ else:
         from rtindex._ext._blocks import (
             TermFilterBuilder,
             TermIndex,
+            block_first_last,
             block_get,
+            block_items,
             block_range,
             merge_blocks,
             terms_get,
         )
         from rtindex._ext._lru import RowCache, copy_json, untrack_json
-        from rtindex._ext._segment import SegmentBuilder
+        from rtindex._ext._notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
+        from rtindex._ext._segment import SegmentBuilder, member_span, nonfinite_path, scan_top, split_array
     except ImportError as e:  # pragma: no cover - depends on the build (tests/test_impl.py runs it)
         raise ImportError(missing_extensions_hint(Path(__file__).resolve().parent)) from e
 
     IMPLEMENTATION = "cython"
 
 __all__ = [
+    "HAVE_FUTEX",
     "IMPLEMENTATION",
+    "MAX_SEGMENTS",
     "RowCache",
     "SegmentBuilder",
+    "Signal",
     "TermFilterBuilder",
     "TermIndex",
+    "block_first_last",
     "block_get",
+    "block_items",
     "block_range",
     "copy_json",
+    "member_span",
     "merge_blocks",
+    "nonfinite_path",
+    "scan_top",
+    "split_array",
     "terms_get",
     "untrack_json",
+    "Wake",
+    "Watch",
 ]

@@ -90,7 +90,9 @@ import pyarrow as pa
 
 from rtindex import documents
 from rtindex.collection import IngestStats, check_ingest_options
+from rtindex._impl import scan_top
 from rtindex.documents import ItemError, Limits
+from rtindex.ingest import json_error, on_line
 from rtindex.errors import (
     AccessDeniedError,
     AlreadyExistsError,
@@ -151,7 +153,7 @@ def _retry_after(resp) -> float:
 
 
 _AT = re.compile(r"^(?P<msg>.*) \(at (?:document \d+, )?(?P<path>\$[^()]*)\)$", re.DOTALL)
-_ITEM = re.compile(r"^document \d+: (?P<msg>.*?)(?: at (?P<path>\$.*))?$", re.DOTALL)
+_ITEM = re.compile(r"^(?:document|line) \d+: (?P<msg>.*?)(?: at (?P<path>\$.*))?$", re.DOTALL)
 
 
 def _schema_error(message: str) -> SchemaError:
@@ -495,15 +497,19 @@ class RemoteCollection:
         sent = False
         bar = Progress(progress, source.total, source.unit, self.name)
 
+        numbered: set[int] = set()  # input positions of NDJSON lines: their errors name the line
+
         def send() -> None:
             before = sum(n for _, n in written.values())
-            self._send(batch, stats, written)
+            self._send(batch, stats, written, numbered)
             bar.update(len(batch), sum(n for _, n in written.values()) - before, len(stats.errors),
                        source.tell() if source.tell else None)
 
         try:
             with source:
                 for idx, doc in source.items:
+                    if type(doc) is documents.Line and doc.numbered:
+                        numbered.add(idx)
                     item = self._line(idx, doc, stats)
                     if item is None:
                         continue
@@ -529,7 +535,22 @@ class RemoteCollection:
         """A document as an NDJSON line, or None after recording why it cannot be one."""
         line = None
         if type(doc) is documents.Line:  # NDJSON input: the line is sent as it is, if it has an _id
-            doc, line = doc.doc, doc.raw
+            line = doc.raw
+            if doc.doc is None:
+                status, own_id, _, _, _, _ = scan_top(line)
+                if status == 0 and own_id is not None:
+                    return idx, own_id, line.strip()
+                try:
+                    parsed = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    parsed = json_error(line, 1 << 20) or SchemaError(f"invalid JSON: {e}")
+                if not isinstance(parsed, dict):  # what the indexer says of it, as the embedded ingest does
+                    if not isinstance(parsed, SchemaError):
+                        parsed = json_error(line, 1 << 20) or SchemaError("a document must be a JSON object")
+                    if doc.numbered:
+                        parsed = SchemaError(on_line(parsed.message, idx), parsed.path)
+                doc.doc = parsed
+            doc = doc.doc
         if isinstance(doc, SchemaError):  # text input that does not parse
             stats.errors.append(ItemError(idx, None, doc.path, doc.message))
             return None
@@ -553,7 +574,8 @@ class RemoteCollection:
             stats.errors.append(ItemError(idx, own_id, "$", f"document is not JSON-serializable: {e}"))
             return None
 
-    def _send(self, batch: list[tuple[int, Any, bytes]], stats: IngestStats, written: dict) -> None:
+    def _send(self, batch: list[tuple[int, Any, bytes]], stats: IngestStats, written: dict,
+              numbered: set[int] = frozenset()) -> None:
         """POST one batch; record each document's outcome."""
         pending = list(batch)
         while True:
@@ -575,8 +597,8 @@ class RemoteCollection:
                     continue
                 if e.limit in ("max_body_bytes", "max_docs_per_request") and len(pending) > 1:
                     half = len(pending) // 2
-                    self._send(pending[:half], stats, written)
-                    self._send(pending[half:], stats, written)
+                    self._send(pending[:half], stats, written, numbered)
+                    self._send(pending[half:], stats, written, numbered)
                     return
                 if e.limit == "max_body_bytes":
                     idx, own_id, line = pending[0]
@@ -591,6 +613,8 @@ class RemoteCollection:
             if it.get("status") == "ERROR":
                 m = _ITEM.match(it.get("error") or "")
                 msg, path = (m["msg"], m["path"] or "$") if m else (it.get("error") or "not stored", "$")
+                if idx in numbered:  # as the embedded ingest words it
+                    msg = on_line(msg, idx)
                 stats.errors.append(ItemError(idx, own_id, path, msg))
                 continue
             doc_id = it["_id"]

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 
-from rtindex import columnar, documents, ingesting
+from rtindex import columnar, documents, ingest
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import (
     ClosedError,
@@ -50,6 +49,7 @@ class IngestStats:
     errors: list[ItemError] = field(default_factory=list)  # documents not stored, and why
     replaced: list[int] = field(default_factory=list)  # input positions of documents that replaced a stored version
     fence: str = ""  # write fence covering this call (Database.wait_for in a reader process)
+    doc_ids: dict = field(default_factory=dict, repr=False)  # input position -> the _id that document had or was given
 
     def __repr__(self) -> str:
         return (f"IngestStats(n={self.n}, bytes={self.bytes}, seconds={self.seconds:.3f}, "
@@ -86,13 +86,6 @@ class IngestStats:
 
 
 ERRORS = ("warn", "report", "raise")
-# Documents a shard takes per write: its in-memory segment is checked against seal_bytes
-# before each write, so a write of more would overshoot it by more (a 10,000-document
-# batch put 2,500 RockBench events, 11 MB, into each of 4 shards' segments at once); a
-# write costs ~50 us of its own, nothing beside ~1,000 documents' indexing.
-PUT_DOCS = 1024
-
-
 def check_ingest_options(batch_size: int, errors: str) -> None:
     """ValueError for a batch size or an ``errors`` choice ingest cannot use."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -224,22 +217,51 @@ class Collection:
         n_shards = self.n_shards
         written: dict[bytes, tuple[Any, int]] = {}  # id key -> (_id, size of the last stored version)
         bar = Progress(progress, source.total, source.unit, self.name)
+
+        def done(c: ingest.Chunk) -> None:  # a chunk committed in every shard: count it
+            stats.errors.extend(c.errors)
+            stats.replaced.extend(c.replaced)
+            stats.doc_ids.update(c.ids)
+            total = 0
+            for idx, doc_id in c.ids.items():  # input order (a dict keeps it): the later version wins
+                size = c.sizes.get(idx)
+                if size is not None:
+                    written[documents.encode_id(doc_id)] = (doc_id, size)
+                    total += size
+            bar.update(len(c.ids) + len(c.errors), total, len(stats.errors), source.tell() if source.tell else None)
+
+        pipe = ingest.Pipeline(self._shards, limits, self._runtime.indexer, done)
         try:
-            with source, CtrlC() as ctrl_c, ingesting.ingest_mode():
-                for first, batch in source.batches or ():  # a table: column-wise (then items is empty)
+            with source, CtrlC() as ctrl_c, ingest.ingest_mode():
+                try:
+                    for first, batch in source.batches or ():  # a table: column-wise (then items is empty)
+                        with ctrl_c.batch():
+                            nbytes = self._ingest_batch(first, batch, limits, n_shards, stats, written, pipe)
+                        if nbytes is not None:
+                            bar.update(len(batch), nbytes, len(stats.errors), None)
+                        ingest.collect_young()
+                    chunk: list = []
+                    for item in source.items:
+                        chunk.append(item)
+                        if len(chunk) >= batch_size:
+                            with ctrl_c.batch():
+                                pipe.add(chunk)
+                            chunk = []
+                            ingest.collect_young()
                     with ctrl_c.batch():
-                        nbytes = self._ingest_batch(first, batch, limits, n_shards, stats, written)
-                    bar.update(len(batch), nbytes, len(stats.errors), None)
-                    ingesting.collect_young()
-                chunk: list = []
-                for item in source.items:
-                    chunk.append(item)
-                    if len(chunk) >= batch_size:
-                        self._store(chunk, limits, n_shards, stats, written, bar, source, ctrl_c)
-                        chunk = []
-                        ingesting.collect_young()
-                if chunk:
-                    self._store(chunk, limits, n_shards, stats, written, bar, source, ctrl_c)
+                        if chunk:
+                            pipe.add(chunk)
+                        pipe.drain()
+                except KeyboardInterrupt:
+                    with ctrl_c.batch():
+                        pipe.drain()  # what was begun is stored, then the interrupt goes on
+                    raise
+                except BaseException:
+                    try:
+                        pipe.drain()  # (nothing more is begun after a failed put)
+                    except BaseException:
+                        pass
+                    raise
         except KeyboardInterrupt as e:
             e.add_note(f"rtindex: ingest into collection {self.name!r} was interrupted; the {len(written)} "
                        f"documents it had stored stay stored ({len(stats.errors)} failed)")
@@ -251,67 +273,23 @@ class Collection:
         stats._settle(errors, stacklevel=4)  # _settle < _ingest < ingest < the caller
         return stats
 
-    def _store(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats,
-               written: dict[bytes, tuple[Any, int]], bar: Progress, source: Input, ctrl_c: CtrlC) -> None:
-        """One chunk, which Ctrl-C does not cut short (see CtrlC); then the bar."""
-        with ctrl_c.batch():
-            nbytes = self._ingest_chunk(chunk, limits, n_shards, stats, written)
-        bar.update(len(chunk), nbytes, len(stats.errors), source.tell() if source.tell else None)
-
-    def _ingest_chunk(self, chunk: list, limits: Limits, n_shards: int, stats: IngestStats,
-                      written: dict[bytes, tuple[Any, int]]) -> int:
-        """Store one chunk; errors go to ``stats.errors``, and each stored document to
-        ``written`` (a later version of an ``_id`` replaces the size of the earlier one).
-        Returns the bytes stored."""
-        now = documents.now_us()
-        per_shard: list[list] = [[] for _ in range(n_shards)]
-        generated: set[int] = set()  # input indices of the documents given an _id just now
-        stored: dict[int, tuple[Any, bytes, int]] = {}  # input index -> (_id, id key, size), while not failed
-        line_type, identify, shard_of = documents.Line, documents.identify, documents.shard_of
-        for idx, doc in chunk:
-            line = None
-            if type(doc) is line_type:
-                doc, line = doc.doc, doc.raw
-            elif isinstance(doc, SchemaError):
-                stats.errors.append(ItemError(idx, None, doc.path, doc.message))
-                continue
-            try:
-                doc_id, id_key, d, raw = identify(doc, now, True, line)
-            except SchemaError as e:
-                stats.errors.append(ItemError(idx, doc.get("_id") if isinstance(doc, dict) else None,
-                                              e.path, e.message))
-                continue
-            stored[idx] = (doc_id, id_key, 0)  # the size once serialized (by the shard, see _put)
-            per_shard[shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
-            if doc.get("_id") is None:
-                generated.add(idx)
-        serialize = functools.partial(documents.serialize, limits=limits)
-        for shard, items in zip(self._shards, per_shard):
-            for start in range(0, len(items), PUT_DOCS):
-                self._put(shard, items[start : start + PUT_DOCS], stats, stored, serialize, generated)
-        total = 0
-        for doc_id, id_key, size in stored.values():  # input order (a dict keeps it): the later version wins
-            written[id_key] = (doc_id, size)
-            total += size
-        if stats.errors:
-            stats.errors.sort(key=lambda e: e.index)
-        return total
-
     def _ingest_batch(self, first: int, batch: pa.RecordBatch | list, limits: Limits, n_shards: int,
-                      stats: IngestStats, written: dict[bytes, tuple[Any, int]]) -> int:
+                      stats: IngestStats, written: dict[bytes, tuple[Any, int]], pipe: ingest.Pipeline) -> int | None:
         """Store a table's record batch (its first row at position ``first``) column-wise
-        (rtindex.columnar; 1M product_clicks rows: 1.5-2x faster than as dicts), or row by
-        row when that cannot be done exactly (or ``batch`` is rows already, see
-        Input.batches). Returns the bytes stored."""
+        (rtindex.columnar), or row by row through ``pipe`` when that cannot be done exactly
+        (or ``batch`` is rows already, see Input.batches: None, the pipeline counts them).
+        Returns the bytes stored."""
         prepared = None if isinstance(batch, list) else columnar.prepare(batch, documents.now_us(), limits)
         if prepared is None:
-            return self._ingest_chunk(list(slice_rows(first, batch)), limits, n_shards, stats, written)
+            pipe.add(list(slice_rows(first, batch)))
+            pipe.drain()
+            return None
         for part in columnar.split(prepared, n_shards):
             rows = part.rows.tolist()
             shard = self._shards[part.shard]
-            for start in range(0, len(rows), PUT_DOCS):
-                at = rows[start : start + PUT_DOCS]
-                replaced = shard.put_columns(prepared.names, [a.slice(start, PUT_DOCS) for a in part.arrays],
+            for start in range(0, len(rows), ingest.PUT_DOCS):
+                at = rows[start : start + ingest.PUT_DOCS]
+                replaced = shard.put_columns(prepared.names, [a.slice(start, ingest.PUT_DOCS) for a in part.arrays],
                                              [prepared.id_keys[i] for i in at], [prepared.json[i] for i in at],
                                              [prepared.generated[i] for i in at])
                 stats.replaced.extend(first + at[k] for k in replaced)
@@ -319,44 +297,8 @@ class Collection:
         # of two versions of an _id the later one's size counts
         sizes = list(map(len, prepared.json))
         written.update(zip(prepared.id_keys, zip(prepared.ids, sizes)))
+        stats.doc_ids.update(zip(range(first, first + len(prepared.ids)), prepared.ids))
         return sum(sizes)
-
-    @staticmethod
-    def _put(shard: Shard, items: list, stats: IngestStats, stored: dict[int, tuple[Any, bytes, int]],
-             serialize: Callable[[dict, bytes | None], tuple[dict, bytes]], generated: set[int]) -> None:
-        """``shard.put_many``, which serializes each document right before indexing it, and
-        once more for the documents its indexer refused for a UUID or Enum value (orjson
-        serializes those itself, so ``serialize`` cannot see them), converted, in input
-        order; unless a later version of the same ``_id`` was stored meanwhile: that one
-        replaced it, as if it had been stored first. Records each stored item's size in
-        ``stored``; a failed one leaves it."""
-        errors, replaced, items = shard.put_many(items, serialize, generated)
-        stats.replaced.extend(replaced)
-        for idx, _, _, raw, off in items:
-            if off >= 0:
-                doc_id, id_key, _ = stored[idx]
-                stored[idx] = (doc_id, id_key, len(raw))
-        if not errors:
-            return
-        by_idx = {it[0]: it for it in items}
-        kept: dict[bytes, list[int]] = {}  # id key -> input positions stored just now
-        for idx, id_key, _, _, off in items:
-            if off >= 0:
-                kept.setdefault(id_key, []).append(idx)
-        again = []
-        for idx, e in errors:
-            _, id_key, d, raw, _ = by_idx[idx]
-            plain = documents.json_value(d)
-            later = [i for i in kept.get(id_key, ()) if i > idx]
-            if raw is None or plain is d:  # not serializable, too large, or plain JSON already: the refusal stands
-                stats.errors.append(ItemError(idx, stored.pop(idx)[0], e.path, e.message))
-            elif later:
-                if later[0] not in replaced:
-                    stats.replaced.append(later[0])
-            else:
-                again.append((idx, id_key, plain, None))
-        if again:
-            Collection._put(shard, again, stats, stored, serialize, generated)
 
     def _shard_for(self, doc_id: Any) -> tuple[Shard, bytes]:
         id_key = documents.encode_id(doc_id)
@@ -431,6 +373,13 @@ class Collection:
         """A consistent read view of every shard (see :class:`rtindex.Snapshot`)."""
         self._check()
         generation, cached = self._generation, self._snapshot
+        if self._runtime.reader:  # rows arrive without a published state: compare the states
+            states = [s.state for s in self._shards]
+            if cached is not None and all(a is b for a, b in zip(cached[1].states, states)):
+                return cached[1]
+            snap = Snapshot(self, states)
+            self._snapshot = (generation, snap)
+            return snap
         if cached is not None and cached[0] == generation:
             return cached[1]
         snap = Snapshot(self)  # (of states at least as new as ``generation``)

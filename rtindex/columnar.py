@@ -222,11 +222,11 @@ def _id_keys(ids: pa.Array) -> list[bytes] | None:
     if ids.type == _INT64:
         be = (ids.to_numpy().view(np.uint64) ^ np.uint64(1 << 63)).astype(">u8")
         encoded = pa.Array.from_buffers(pa.binary(8), len(ids), [None, pa.py_buffer(be)]).cast(pa.binary())
-        return pc.binary_join_element_wise(bytes((keys.INT,)), encoded, b"").to_pylist()
+        return pc.binary_join_element_wise(keys.id_prefix(keys.INT), encoded, b"").to_pylist()
     escaped = pc.replace_substring(ids.cast(pa.large_binary()), b"\x00", b"\x00\xff")
     if len(ids) and pc.max(pc.binary_length(escaped)).as_py() + len(keys.STR_END) > MAX_ID_BYTES:
         return None
-    return pc.binary_join_element_wise(pa.scalar(bytes((keys.STRING,)), pa.large_binary()), escaped,
+    return pc.binary_join_element_wise(pa.scalar(keys.id_prefix(keys.STRING), pa.large_binary()), escaped,
                                        pa.scalar(keys.STR_END, pa.large_binary()),
                                        pa.scalar(b"", pa.large_binary())).to_pylist()
 

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -27,6 +28,7 @@ from rtindex.collection import Collection
 from rtindex.documents import Limits
 from rtindex.fence import Fence
 from rtindex.follower import Follower
+from rtindex.notify import WAKE_FILE, Wake
 from rtindex.result import Result
 from rtindex.rowcache import RowStoreCache
 from rtindex.sql.engine import Plan, SqlEngine
@@ -198,7 +200,7 @@ def _is_legacy_database(path: str, entries: set[str]) -> bool:
         names = os.listdir(colls)
     except OSError as e:
         raise StorageError(f"cannot list {colls}: {e}") from e
-    return all(_NAME.match(n) and os.path.isdir(os.path.join(colls, n)) for n in names)
+    return all(n == WAKE_FILE or (_NAME.match(n) and os.path.isdir(os.path.join(colls, n))) for n in names)
 
 
 def _canonical(name: Any) -> Any:
@@ -296,6 +298,7 @@ class Database:
             return
         self._runtime.sealer = Worker("sealer")
         self._runtime.merger = Worker("merger")
+        self._runtime.indexer = ThreadPoolExecutor(1, thread_name_prefix="rtindex-indexer")
         try:
             if kind == "new":
                 try:
@@ -313,6 +316,7 @@ class Database:
                     raise StorageError(f"cannot create {self._coll_path('')}: {e}") from e
                 _write_json_atomic(os.path.join(self.path, MARKER),
                                    {"format": FORMAT, "created_by": f"rtindex {_version()}"})
+            self._runtime.wake = Wake(os.path.join(self.path, COLLECTIONS_DIR, WAKE_FILE), True)
             for name in self._collections_on_disk():
                 self._open_collection(name)
         except BaseException:
@@ -323,6 +327,7 @@ class Database:
         """A live read replica: every collection's shards opened as RocksDB secondaries, and a
         thread that keeps them caught up with the writer (rtindex/follower.py)."""
         self._runtime.secondary_root = tempfile.mkdtemp(prefix="rtindex-reader-")
+        self._runtime.wake = Wake(os.path.join(self.path, COLLECTIONS_DIR, WAKE_FILE), False)
         try:
             self._follower = Follower(self)
             self._follower.sync_collections(strict=True)
@@ -572,11 +577,15 @@ class Database:
                 for worker in (self._runtime.sealer, self._runtime.merger):
                     if worker is not None:
                         worker.stop()
+                if self._runtime.indexer is not None:
+                    self._runtime.indexer.shutdown()
             finally:
                 # last, once every shard is closed; and always, even when closing failed, so
                 # that this process can open the database again
                 if self._runtime.secondary_root is not None:
                     shutil.rmtree(self._runtime.secondary_root, ignore_errors=True)
+                if self._runtime.wake is not None:
+                    self._runtime.wake.close()
                 if self._writer_lock is not None:
                     self._writer_lock.release()
             if errors:

@@ -23,7 +23,8 @@ import numpy as np
 import orjson
 
 from rtindex import keys
-from rtindex._py.segment import SegmentBuilder as _ReferenceBuilder
+from rtindex._impl import member_span, nonfinite_path, split_array
+from rtindex._py.segment import walk as _walk
 from rtindex.errors import SchemaError
 
 MAX_ID_BYTES = 1024
@@ -56,11 +57,11 @@ def encode_id(doc_id: Any) -> bytes:
         raw = keys.encode_string(doc_id)
         if len(raw) > MAX_ID_BYTES:
             raise SchemaError(f"_id is longer than {MAX_ID_BYTES} bytes", "$._id")
-        return bytes((keys.STRING,)) + raw
+        return keys.id_prefix(keys.STRING) + raw
     if isinstance(doc_id, int) and not isinstance(doc_id, bool):
         if not keys.INT_MIN <= doc_id <= keys.INT_MAX:
             raise SchemaError("integer _id outside the signed 64-bit range", "$._id")
-        return bytes((keys.INT,)) + keys.encode_int(doc_id)
+        return keys.id_prefix(keys.INT) + keys.encode_int(doc_id)
     raise SchemaError(f"_id must be a string or an integer, not {type(doc_id).__name__}", "$._id")
 
 
@@ -76,15 +77,15 @@ class _IdPool:
     Time first, so that the ids a process generates only grow (each fill takes the time, or
     one more than the previous fill's if the clock has not moved on or went back). RocksDB
     then appends each new ``_id`` index entry at the end of its memtable instead of
-    searching it at a random place: 0.35 instead of 1.3 us an entry, and 300k TSBS rows
-    (which have no ``_id``) ingested 2-9% faster (docs/benchmarks.md, sixth session). 80 random
-    bits after the time still make a collision impossible in practice, which ingest relies
-    on: it does not look a just generated ``_id`` up (see ShardWriter._stored_rows).
+    searching it at a random place, which is much cheaper (docs/benchmarks.md, "Ingest").
+    80 random bits after the time still make a collision impossible in practice, which
+    ingest relies on: it does not look a just generated ``_id`` up (see
+    ShardWriter._stored_rows).
 
-    One ``os.urandom`` call per id cost ~5 us a document on the ingest thread (py-spy, TSBS
-    rows): the call releases the GIL, and getting it back waits behind the sealer thread;
-    hence the pool. A child process made by ``fork`` starts with an empty pool, so it never
-    hands out its parent's ids.
+    One ``os.urandom`` call per id was a measurable part of a small document's ingest (the
+    call releases the GIL, and getting it back waits behind the other threads); hence the
+    pool. A child process made by ``fork`` starts with an empty pool, so it never hands out
+    its parent's ids.
     """
 
     _IDS = 1024
@@ -321,7 +322,7 @@ def _converted(d: dict, limits: Limits) -> tuple[dict, bytes]:
     except orjson.JSONEncodeError as e:
         error = e
     try:  # the reference indexer names the path of the first bad value
-        _ReferenceBuilder(limits.max_depth).add(d)
+        _walk(d, limits.max_depth)
     except SchemaError:
         raise
     except Exception:  # e.g. a key with a lone surrogate: say what orjson said
@@ -330,16 +331,17 @@ def _converted(d: dict, limits: Limits) -> tuple[dict, bytes]:
 
 
 class Line:
-    """A document parsed from an NDJSON line, with the line's bytes: what ingest stores as the
-    row when nothing had to be filled in or converted, instead of serializing the document
-    again (7-10 us a 1.2 KB event, most of it reading the parsed document back from memory;
-    docs/benchmarks.md)."""
+    """A document as the JSON text it came in (an NDJSON line, an element of a JSON array):
+    ingest reads what it needs of it (``_id``, ``_event_time``) without parsing it, and
+    stores and indexes the text itself. ``doc`` is the parsed document once something
+    needed it (None until then); ``numbered``: a line of NDJSON text, whose errors name it."""
 
-    __slots__ = ("doc", "raw")
+    __slots__ = ("doc", "raw", "numbered")
 
-    def __init__(self, doc: Any, raw: bytes):
+    def __init__(self, doc: Any, raw: bytes, numbered: bool = False):
         self.doc = doc
         self.raw = raw
+        self.numbered = numbered
 
 
 def _spliced(raw: bytes, doc: dict, filled: dict) -> bytes | None:
@@ -390,17 +392,17 @@ def identify(doc: Any, now_us: int, check_event_time: bool = False,
 def serialize(d: dict, raw: bytes | None, limits: Limits) -> tuple[dict, bytes]:
     """``(d, its JSON bytes)`` to store, ``raw`` when given; ``d`` converted to plain JSON
     types first when it holds others (see :func:`to_json_bytes`). SchemaError when it
-    cannot be serialized or is over ``limits.max_document_bytes``.
-
-    Ingest calls this right before indexing the document (a shard's ``put_many``), not
-    with the rest of :func:`identify`: serializing then indexing one document while it is
-    in the CPU cache costs ~16 us a 1.2 KB event, serializing a batch and then indexing
-    it ~21 us (docs/benchmarks.md)."""
+    cannot be serialized, holds a NaN or an infinity (orjson would write null), or is over
+    ``limits.max_document_bytes``."""
     if raw is None:
         try:  # most documents are plain JSON: serialized once, never walked (see to_json_bytes)
             raw = orjson.dumps(d, default=_not_plain, option=_PASSTHROUGH)
         except orjson.JSONEncodeError:
             d, raw = _converted(d, limits)
+        if b"null" in raw:
+            bad = nonfinite_path(d)
+            if bad is not None:
+                raise SchemaError(f"non-finite number {bad[1]!r} (JSON has no NaN or Infinity)", keys.json_path(bad[0]))
     if len(raw) > limits.max_document_bytes:
         raise SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes={limits.max_document_bytes}")
     return d, raw
@@ -416,28 +418,44 @@ def prepare(doc: Any, limits: Limits, now_us: int, check_event_time: bool = Fals
 
 
 def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Any]]:
-    """Yield (line number - 1, :class:`Line` or SchemaError) for each non-blank NDJSON line."""
+    """Yield (line number - 1, :class:`Line`) for each non-blank NDJSON line."""
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        try:
-            doc = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            yield i, SchemaError(f"invalid JSON on line {i + 1}: {e}")
-            continue
-        yield i, Line(doc, line if isinstance(line, bytes) else line.encode())
+        yield i, Line(None, line if isinstance(line, bytes) else line.encode(), True)
+
+
+def documents_of(text: bytes | bytearray | memoryview, member: str | None = None) -> list[bytes] | None:
+    """The documents of a JSON array, each as its JSON text, found without parsing them (what
+    ``Collection.ingest`` stores and indexes as they are): ``member``, the array is that
+    member of a top-level JSON object (``{"data": [...]}``). None when ``text`` is not such
+    an array (parse it to learn what is wrong). Each document is checked when it is ingested.
+    """
+    text = bytes(text)
+    if member is not None:
+        span = member_span(text, member)
+        if span is None:
+            return None
+        return split_array(text[span[0] : span[1]])
+    return split_array(text)
 
 
 def parse_input(data: bytes | str) -> Iterator[tuple[int, Any]]:
-    """Yield (index, document or SchemaError) from a JSON array or NDJSON text.
+    """Yield (index, :class:`Line` or SchemaError) from a JSON array or NDJSON text.
 
-    Text that starts with ``[`` and parses whole is a JSON array; otherwise every line is
-    one document (so an NDJSON line that happens to be an array is just a bad document)."""
+    Text that starts with ``[`` and is a whole JSON array gives its elements (as text, not
+    parsed); otherwise every line is one document (so an NDJSON line that happens to be an
+    array is just a bad document)."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     stripped = data.strip()
     if stripped[:1] == b"[":
-        try:
+        elements = split_array(data)
+        if elements is not None:
+            for i, e in enumerate(elements):
+                yield i, Line(None, e)
+            return
+        try:  # not an array the splitter reads: say what is wrong with it
             docs = orjson.loads(data)
         except orjson.JSONDecodeError as e:
             if b"\n" not in stripped:  # one line: it was meant as a JSON array

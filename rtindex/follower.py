@@ -1,11 +1,13 @@
 """The thread that keeps a reader process's database caught up with the writer.
 
-Every ``INTERVAL`` it refreshes each shard whose change signal moved (rtindex/notify.py:
-a memory load per shard when nothing changed); every ``FULL_EVERY`` it also catches up
-every shard regardless (a missed signal, a writer that restarted) and looks for collections
-created or dropped by the writer. A failure (the writer mid-restart, a segment file removed
-under a reader that fell far behind) is kept in ``last_error`` and tried again next time:
-the replica serves its last good state meanwhile.
+It sleeps on the database's wake-up word (rtindex/notify.py), which the writer rings after
+every change a reader must act on: deletes, a new mutable segment, a seal or merge, a
+restart. Then it refreshes each shard whose signal says its structure changed (rows alone
+need nothing: reads see them through the mutable segments' published row counts), and every
+``SYNC_EVERY`` it also looks for collections created or dropped by the writer. A shard whose
+writer had not published what it wrote yet is tried again after ``RETRY``. A failure (the
+writer mid-restart, a segment file removed under a reader that fell far behind) is kept in
+``last_error`` and tried again: the replica serves its last good state meanwhile.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rtindex")
 
-INTERVAL = 0.001
-FULL_EVERY = 0.1
+SYNC_EVERY = 0.25
+RETRY = 0.001
 
 
 class Follower:
@@ -39,33 +41,46 @@ class Follower:
 
     def stop(self) -> None:
         self._stop.set()
+        self._db._runtime.wake.ring()  # (wakes the other readers of the database too: harmless)
         if self._thread.is_alive():
             self._thread.join()
 
     def _run(self) -> None:
-        last_full = time.monotonic()
-        while not self._stop.wait(INTERVAL):
-            full = time.monotonic() - last_full >= FULL_EVERY
-            if full:
-                last_full = time.monotonic()
+        wake = self._db._runtime.wake
+        last_sync = time.monotonic()
+        pending = False
+        seen = wake.value
+        while not self._stop.is_set():
+            wake.wait(seen, RETRY if pending else SYNC_EVERY)
+            seen = wake.value
+            if self._stop.is_set():
+                return
+            sync = time.monotonic() - last_sync >= SYNC_EVERY
+            if sync:
+                last_sync = time.monotonic()
             try:
                 with self._lock:
-                    if full:
+                    if sync:
                         self.sync_collections()
-                    self._refresh(force=full)
+                    pending = self._refresh(force=False)
                 self.last_error = None
             except ClosedError:
                 if self._stop.is_set():
                     return
             except Exception as e:  # keep following; report it in stats()
+                pending = True
                 if self.last_error != str(e):
                     log.warning("rtindex reader of %s: %s (retrying)", self._db.path, e)
                 self.last_error = str(e)
 
-    def _refresh(self, force: bool) -> None:
+    def _refresh(self, force: bool) -> bool:
+        """Refresh every shard; True when one could not be yet (try again soon)."""
+        pending = False
         for coll in list(self._db._collections.values()):
             for shard in coll._shards:
                 shard.refresh(force=force)
+                pending = pending or shard.pending
+        return pending
 
     def refresh_all(self) -> None:
         """Catch up everything now (Database.refresh)."""

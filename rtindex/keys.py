@@ -170,6 +170,16 @@ def _column_key(path: tuple[str, ...], tag: int) -> bytes:
     return _encode_tuple(path) + bytes((tag,))
 
 
+def column_key_at(path_key: bytes, tag: int) -> bytes:
+    """The column key of an encoded path and a type tag."""
+    return path_key + bytes((tag,))
+
+
+def tag_of(column_key: bytes) -> int:
+    """The type tag a column key ends with."""
+    return column_key[-1]
+
+
 def column_key_of(t: bytes) -> bytes:
     """The column key (path + type tag) a term starts with."""
     return t[: _path_end(t) + 1]
@@ -201,6 +211,15 @@ def prefix_upper_bound(prefix: bytes) -> bytes:
     return bytes(p)
 
 
+def term_bounds(ck: bytes, tag: int, lo: Any, hi: Any, lo_inc: bool, hi_inc: bool) -> tuple[bytes, bytes]:
+    """``(lo_key, hi_key)`` such that the terms of column key ``ck`` (type ``tag``) whose
+    values are within the bounds (None: unbounded) are exactly those with lo_key <= t < hi_key:
+    a term is never the prefix of another, so the first key past a term is the term + 00."""
+    lo_key = ck if lo is None else ck + encode_value(tag, lo) + (b"" if lo_inc else b"\x00")
+    hi_key = prefix_upper_bound(ck) if hi is None else ck + encode_value(tag, hi) + (b"\x00" if hi_inc else b"")
+    return lo_key, hi_key
+
+
 def u64(v: int) -> bytes:
     """Big-endian unsigned 64-bit: row ids and segment ids sort numerically."""
     return _PACK_Q.pack(v)
@@ -208,6 +227,21 @@ def u64(v: int) -> bytes:
 
 def from_u64(b: bytes) -> int:
     return _PACK_Q.unpack(b)[0]
+
+
+# -- document ids: the ``ids`` keys and the ``_id`` terms ---------------------------------
+ID_PATH = encode_path(("_id",))
+
+
+def id_prefix(tag: int) -> bytes:
+    """An id key is the type tag of the ``_id`` (INT or STRING) and its encoded value, so
+    that string and integer ids never collide."""
+    return bytes((tag,))
+
+
+def id_term(key: bytes) -> bytes:
+    """The ``_id`` term of the document whose id key is ``key``."""
+    return ID_PATH + key
 
 
 # -- a shard's meta records (column family "meta"); docs/architecture.md explains each -----
@@ -227,8 +261,23 @@ def meta_deleted(row_id: int) -> bytes:
     return META_DELETED + u64(row_id)
 
 
+def meta_segment_id(key: bytes) -> int:
+    """The segment id of a ``meta_segment`` key."""
+    return from_u64(key[1:])
+
+
+def meta_deleted_row(key: bytes) -> int:
+    """The row id of a ``meta_deleted`` key."""
+    return from_u64(key[1:])
+
+
 def meta_log(seq: int) -> bytes:
     return META_LOG + u64(seq)
+
+
+def meta_log_seq(key: bytes) -> int:
+    """The sequence of a ``meta_log`` key."""
+    return from_u64(key[1:])
 
 
 def pack_u64s(values) -> bytes:

@@ -138,9 +138,8 @@ class Maintenance:
         segid = shard.new_segid()
 
         def column_chunks():
-            # Arrow arrays copied from the builder's buffers (mostly without the GIL)
-            for ck, offs, values in b.columns():
-                yield ck, columns.encode(columns.dense(ck[-1], offs, values, n))
+            for ck, values in b.dense_columns():
+                yield ck, columns.encode(values)
 
         # postings are sorted and encoded in C with the GIL released
         file = segfile.write_segment(shard.segments_dir, segid, mem.base, n, FrozenBitMap(range(n)),
@@ -235,12 +234,12 @@ class Maintenance:
             for v, keep in zip(run, keeps):  # one input's column decoded at a time
                 arr = v.seg.file.read_column(ck)
                 if arr is None:
-                    arr = columns.nulls(ck[-1], len(v.seg.live))
+                    arr = columns.nulls(keys.tag_of(ck), len(v.seg.live))
                 yield arr.filter(keep) if keep is not None else arr
 
         def column_chunks():
             for ck in colkeys:
-                yield ck, columns.encode_parts(columns.arrow_type(ck[-1]), parts(ck))
+                yield ck, columns.encode_parts(columns.arrow_type(keys.tag_of(ck)), parts(ck))
 
         # postings streamed from the inputs' blocks (the k-way merge drops deleted rows)
         file = segfile.write_segment(shard.segments_dir, segid, base, n, FrozenBitMap(live),

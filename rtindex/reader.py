@@ -1,45 +1,46 @@
-"""One shard, followed from another process: a live read replica of the writer's shard.
+"""One shard, followed from another process: a live read replica of the writer's shard that
+indexes nothing itself.
 
-The reader opens the shard's RocksDB as a secondary instance and, on each refresh:
-1. catches up with the writer (RocksDB replays the writer's new WAL records and files);
-2. reads the meta records as of that point: the next row id, the segment generation (the
-   set of sealed segments changed: map the new segment files), the change log (which rows
-   the writer's new batches deleted);
-3. indexes the rows it has not seen yet into in-memory segments of its own: the writer seals
-   only every ``seal_rows`` rows, and a document must be queryable in milliseconds, so the
-   unsealed tail is indexed here (as the writer's recovery would), not waited for;
-4. publishes a new ShardState, in which the rows below the writer's sealed end come from
-   the segment files and its own in-memory rows above it (rows both hold are masked out of
-   the in-memory copy until it is dropped).
+Sealed segments are the writer's files; the unsealed rows are the writer's mutable segments,
+files it indexes into and this process maps read-only (rtindex/_ext/_segment.pyx). Following
+the writer is then mostly reading numbers it publishes:
 
-Every state of a shard is a prefix of the writer's batches on it: the rows, the deletes and the
-next row id of a batch are one RocksDB write, and one refresh sees all of it or none of it.
-Refreshes are cheap when nothing changed: the writer bumps a counter in a shared-memory file
-(rtindex/notify.py) after each write, and a reader catches up only the shards whose counter
-moved (and every shard now and then, in case a signal was missed).
+- **Rows**: each mutable segment publishes its row count, with the change log sequence as of
+  those rows (stored first). A read takes the newest count whenever the writer's deletes are
+  the ones this replica applied (:meth:`ShardReader.current`): new rows are visible as soon
+  as the writer acknowledged them, without waking anyone.
+- **Everything else** (deletes, a new mutable segment, a seal, a merge, a restarted writer)
+  wakes the follower thread (rtindex/follower.py), which calls :meth:`ShardReader.refresh`:
+  it catches up with the writer's RocksDB (a secondary instance), reads the next row id,
+  the segment generation and the change log as of that point, maps new segment files, and
+  publishes a new ShardState whose mutable segments show exactly the rows of that point.
+
+Every state of a shard is a prefix of the writer's acknowledged batches on it: the rows, the
+deletes and the next row id of a batch are one RocksDB write, and a refresh shows a mutable
+segment's rows up to the next row id it read there (waiting, briefly, for the writer to
+publish them if it has not yet).
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 import os
 import threading
 import time
 
-import orjson
 from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import keys
 from rtindex._impl import SegmentBuilder
 from rtindex.chunkcache import ChunkCache
-from rtindex.errors import CorruptionError, StorageError
-from rtindex.keys import from_u64
+from rtindex.errors import StorageError
 from rtindex.notify import Watch
 from rtindex.rowcache import RowStoreCache
-from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
-from rtindex.shard import SIGNAL_FILE, Shard
+from rtindex.segments import MemSegment, ShardConfig, ShardState, View
+from rtindex.shard import SIGNAL_FILE, Shard, Stored, tail_path
 from rtindex.storage import Store
+
+PUBLISH_WAIT = 0.05  # seconds a refresh waits for the writer to publish rows it wrote
 
 
 class ShardReader(Shard):
@@ -50,14 +51,17 @@ class ShardReader(Shard):
         self.store = Store(path, secondary_path=secondary_path, block_cache=block_cache)
         self._watch = Watch(os.path.join(path, SIGNAL_FILE))
         self._refresh_lock = threading.Lock()
-        self._gen = -1
-        self._log_seq = -1  # -1: delete sets not loaded yet
-        self._segs: list[Segment] = []
-        self._mems: list[MemSegment] = [MemSegment(SegmentBuilder(config.max_depth), 0)]
-        self._upto = 0  # rows indexed into self._mems end here
-        self._applied = 0  # the writer's change counter as of the last refresh
+        self._stored: Stored | None = None  # what the last refresh loaded (None: nothing yet)
+        self._mems: dict[tuple[int, int], MemSegment] = {}  # (base, file id) -> the writer's mutable segment
+        self._applied: tuple | None = None  # the signal's structural part as of the last refresh
+        self._applied_count = 0  # the writer's change counter as of the last refresh
         self._applied_at = 0.0  # wall time the last refresh started: everything written before is in
-        self._set_state(ShardState((View(self._mems[0], 0, EMPTY),), 0))
+        self._live: tuple = (None, 0, None)  # (state it extends, next row id, the state made): current()'s last
+        self._basis: tuple[ShardState, int] = (ShardState((), 0), -1)  # the last refresh's state, its log sequence
+        self._served = 0  # the most rows a read was shown: a refresh never goes back before them
+        self._live_lock = threading.Lock()
+        self._set_state(self._basis[0])
+        self.pending = False  # the last refresh found rows the writer had not published yet
         self.closed = False
         try:
             self.refresh(force=True)
@@ -66,98 +70,167 @@ class ShardReader(Shard):
             raise
 
     # ------------------------------------------------------------------ following
-    def refresh(self, force: bool = False) -> bool:
-        """Catch up with the writer and publish what is new; False when nothing changed.
+    @staticmethod
+    def _structure(sig: tuple) -> tuple:
+        """What in a signal needs a refresh: generation, log sequence, writer, mutable segments."""
+        return sig[3], sig[4], sig[5], sig[6]
 
-        ``force`` catches up even if the writer's change signal did not move (a writer that
-        restarted, or a signal file that is not there yet)."""
+    def refresh(self, force: bool = False) -> bool:
+        """Catch up with the writer if it changed more than rows (or ``force``), and publish
+        what is new; False when there was nothing to do or the writer had not published the
+        rows it wrote yet (try again)."""
         with self._refresh_lock:
             if self.closed:
                 return False
             started = time.time()
-            counter = self._watch.read()[0]
-            if counter == self._applied and not force:
+            sig = self._watch.read()
+            if sig is None:
                 self._applied_at = started
                 return False
+            if not force and self._structure(sig) == self._applied:
+                self._applied_at = started
+                self.pending = False
+                return False
             self.store.catch_up()
-            changed = self._apply()
-            self._applied = counter
+            self.pending = not self._apply(sig)
+            if self.pending:
+                return False
+            self._applied = self._structure(sig)
+            self._applied_count = sig[0]
             self._applied_at = started
-            return changed
+            return True
+
+    @property
+    def state(self) -> ShardState:
+        return self.current()
+
+    def current(self) -> ShardState:
+        """The newest state a read may use: the last refresh's, with the active mutable
+        segment's rows up to what the writer published since, if it deleted nothing since."""
+        st, applied_seq = self._basis
+        if not st.views or st.views[-1].sealed:
+            return st
+        last = st.views[-1]
+        rows, log_seq = last.seg.builder.published
+        extends, upto, made = self._live
+        if log_seq != applied_seq or last.base + rows <= st.next_row_id:
+            # deletes since (wait for the refresh they woke), or no new rows: the newest
+            # state shown so far from this refresh, which was a prefix when it was made
+            return made if extends is st else st
+        if extends is st and upto == last.base + rows:
+            return made
+        with self._live_lock:  # (a refresh must not then publish a state older than this one)
+            if self._basis[0] is not st:
+                return self.current()
+            made = ShardState(st.views[:-1] + (View(last.seg, rows, last.deleted),), last.base + rows)
+            self._live = (st, last.base + rows, made)
+            self._served = max(self._served, made.next_row_id)
+        return made
 
     @property
     def change_count(self) -> int:
-        """The writer's change counter as of the last refresh: every change it counted up
-        to here is visible (see rtindex/fence.py)."""
-        return self._applied
+        """The writer's change counter that every read now sees up to (see rtindex/fence.py):
+        the last refresh's, or the signal's newest when only rows changed since and the
+        mutable segment shows them all."""
+        sig = self._watch.read()
+        if sig is not None and self._structure(sig) == self._applied:
+            st = self.current()
+            if st.next_row_id >= sig[1]:
+                return sig[0]
+        return self._applied_count
 
     def lag(self) -> dict:
-        """How far behind the writer this replica is: rows it has not indexed yet (as the
+        """How far behind the writer this replica is: rows it does not show yet (as the
         writer last signalled) and milliseconds since the newest write it surely has."""
-        counter, writer_next, _ = self._watch.read()
-        if counter == self._applied and writer_next <= self._state.next_row_id:
+        sig = self._watch.read()
+        if sig is None:
             return {"rows": 0, "ms": 0.0}
-        return {"rows": max(writer_next - self._state.next_row_id, 0),
-                "ms": max((time.time() - self._applied_at) * 1000.0, 0.0)}
+        behind = max(sig[1] - self.current().next_row_id, 0)
+        if not behind and self._structure(sig) == self._applied:
+            return {"rows": 0, "ms": 0.0}
+        return {"rows": behind, "ms": max((time.time() - self._applied_at) * 1000.0, 0.0)}
 
-    def _apply(self) -> bool:
-        st = self.store
-        next_row = self._meta_u64(keys.META_NEXT_ROW)
-        gen = self._meta_u64(keys.META_GENERATION)
-        log_seq = self._meta_u64(keys.META_LOG_SEQ)
+    def _apply(self, sig: tuple) -> bool:
+        prev = self._stored
+        stored = self.load(prev)
         old = self._state
-        if next_row == old.next_row_id and gen == self._gen and log_seq == self._log_seq:
-            return False
-        full = self._log_seq < 0 or log_seq < self._log_seq
+        if (stored.next_row < max(sig[1], old.next_row_id) or stored.generation < sig[3]
+                or stored.log_seq < sig[4] or prev is not None and (stored.generation < prev.generation
+                                                                      or stored.log_seq < prev.log_seq)):
+            return False  # the catch-up did not reach what was signalled yet: soon
+        full = prev is None
         dels: list[int] = []
-        if not full and log_seq > self._log_seq:
-            expect = self._log_seq + 1
-            for k, v in st.scan("meta", keys.meta_log(expect), keys.meta_log(log_seq + 1)):
-                if from_u64(k[1:]) != expect:
+        if not full and stored.log_seq > prev.log_seq:
+            expect = prev.log_seq + 1
+            for k, v in self.store.scan("meta", keys.meta_log(expect), keys.meta_log(stored.log_seq + 1)):
+                if keys.meta_log_seq(k) != expect:
                     break
                 dels.extend(keys.unpack_u64s(v))
                 expect += 1
-            if expect != log_seq + 1:  # the writer trimmed records we had not read: reload
+            if expect != stored.log_seq + 1:  # the writer trimmed records we had not read: reload
                 full, dels = True, []
-        if gen != self._gen or full:
-            known = {s.segid: s for s in self._segs}
-            segs = []
-            for k, v in st.scan("meta", keys.META_SEGMENT, keys.prefix_upper_bound(keys.META_SEGMENT)):
-                segid = from_u64(k[1:])
-                seg = known.get(segid)
-                if seg is None:
-                    seg = open_segment(self.segments_dir, segid, orjson.loads(v), self.index)
-                segs.append(seg)
-            segs.sort(key=lambda s: s.base)
-        else:
-            segs = self._segs
-        sealed_end = segs[-1].base + segs[-1].n if segs else 0
-        if next_row < self._upto or sealed_end > next_row:
-            raise CorruptionError(f"shard {self.index} of {self.path}: the writer's rows end at {next_row}, "
-                                  f"this replica indexed {self._upto} and segments end at {sealed_end}")
-        self._index_new_rows(next_row, sealed_end)
-
+        sealed_end = stored.sealed_end
+        mems = self._map_mems(sig[6], sealed_end, stored.next_row)
+        if mems is None:
+            return False
         old_views = {id(v.seg): v for v in old.views} if not full else {}
         by_range = sorted(dels)
-        views = []
-        for seg in segs:
-            views.append(self._view(seg, seg.n, seg.live, 0, old_views.get(id(seg)), by_range))
-        mems = [m for m in self._mems[:-1] if m.base + m.builder.n_rows > sealed_end] + [self._mems[-1]]
-        self._mems = mems
-        for m in mems:
-            n = m.builder.n_rows
+        views = [self._view(seg, seg.n, 0, old_views.get(id(seg)), by_range) for seg in stored.segments]
+        for m, n in mems:
             covered = min(max(sealed_end - m.base, 0), n)
-            views.append(self._view(m, n, None, covered, old_views.get(id(m)), by_range))
-        self._segs = segs
-        self._gen = gen
-        self._log_seq = log_seq
-        self._set_state(ShardState(tuple(views), next_row))
+            views.append(self._view(m, n, covered, old_views.get(id(m)), by_range))
+        state = ShardState(tuple(views), stored.next_row)
+        with self._live_lock:
+            if stored.next_row < self._served:
+                return False  # reads were shown rows this catch-up has not reached: soon
+            self._basis = (state, stored.log_seq)
+            self._served = stored.next_row
+        self._stored = stored
+        self._set_state(state)
         return True
 
-    def _view(self, seg, n: int, live, covered: int, old: View | None, dels: list[int]) -> View:
+    def _map_mems(self, tails: tuple, sealed_end: int, next_row: int) -> list[tuple[MemSegment, int]] | None:
+        """The writer's mutable segments holding rows from ``sealed_end`` to ``next_row``,
+        mapped, each with the rows of it to show; None when the writer has not published all
+        of them yet (after waiting a little)."""
+        mapped = {}
+        for base, fid in tails:
+            mem = self._mems.get((base, fid))
+            if mem is None:
+                try:
+                    mem = MemSegment(SegmentBuilder.attach(tail_path(self.path, base, fid)))
+                except FileNotFoundError:
+                    continue  # sealed and removed since the signal was read: the segments have its rows
+            mapped[(base, fid)] = mem
+        self._mems = mapped
+        out = []
+        ordered = sorted(mapped.values(), key=lambda m: m.base)
+        covered_to = sealed_end
+        for i, m in enumerate(ordered):
+            last = i + 1 == len(ordered)
+            end = min(next_row if last else ordered[i + 1].base, next_row)
+            if not last and (end <= sealed_end or end <= m.base):
+                continue  # sealed: the segment files have its rows
+            if last and end < m.base:  # the writer's newest segment starts past the rows read: not yet
+                return None
+            if m.base > covered_to:  # a segment between (sealed and removed after the catch-up): soon
+                return None
+            want = end - m.base
+            covered_to = max(covered_to, end)
+            deadline = time.monotonic() + PUBLISH_WAIT
+            while m.builder.published[0] < want:  # written and not yet published (microseconds)
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.0002)
+            out.append((m, want))
+        if covered_to < next_row:  # rows no mapped segment holds: the signal was older than RocksDB
+            return None
+        return out
+
+    def _view(self, seg, n: int, covered: int, old: View | None, dels: list[int]) -> View:
         """The view of ``seg`` (``n`` rows from its base): the previous view's deleted
         offsets plus the new deletes, or the delete records when the segment is new to this
-        replica; in-memory rows below ``covered`` are masked (a segment file has them)."""
+        replica; mutable rows below ``covered`` are masked (a segment file has them)."""
         base = seg.base
         lo, hi = bisect.bisect_left(dels, base), bisect.bisect_left(dels, base + n)
         if old is not None and lo == hi and (not covered or old.deleted.contains_range(0, covered)):
@@ -166,41 +239,12 @@ class ShardReader(Shard):
             deleted = BitMap(old.deleted)
             deleted.update(r - base for r in dels[lo:hi])
         else:
-            deleted = BitMap(from_u64(k[1:]) - base for k in self.store.scan_keys(
-                "meta", keys.meta_deleted(base), keys.meta_deleted(base + n)))
-        if live is not None:
-            deleted &= live
+            deleted = self.deleted_offsets(base, n)
+        if seg.sealed:
+            deleted &= seg.live
         if covered:
             deleted.add_range(0, covered)
         return View(seg, n, FrozenBitMap(deleted))
-
-    def _index_new_rows(self, next_row: int, sealed_end: int) -> None:
-        """Index rows ``self._upto`` .. ``next_row - 1`` into the replica's own builders."""
-        if self._upto < sealed_end:  # rows the writer sealed before we saw them: skip them
-            active = self._mems[-1]
-            if active.builder.n_rows == 0 or active.base + active.builder.n_rows <= sealed_end:
-                self._mems[-1] = MemSegment(SegmentBuilder(self.config.max_depth), sealed_end)
-            else:
-                self._mems.append(MemSegment(SegmentBuilder(self.config.max_depth), sealed_end))
-            self._upto = sealed_end
-        if self._upto == next_row:
-            return
-        # decoded and indexed in small chunks as they are read: a document dies right after it
-        # is indexed (holding a whole refresh's documents alive made the cyclic GC traverse
-        # them again and again: orjson.loads measured 36 us per event that way, 10 us without)
-        seal_rows = self.config.seal_rows
-        docs = self._decoded_rows(self._upto, next_row)
-        while self._upto < next_row:
-            mem = self._mems[-1]
-            if mem.builder.n_rows >= seal_rows:  # bounded builders, like the writer's
-                mem = MemSegment(SegmentBuilder(self.config.max_depth), mem.base + mem.builder.n_rows)
-                self._mems.append(mem)
-            b = mem.builder
-            chunk = list(itertools.islice(docs, min(32, seal_rows - b.n_rows, next_row - self._upto)))
-            with self._mem_lock:
-                for doc in chunk:
-                    b.add(doc)
-            self._upto += len(chunk)  # a failure after this resumes here (the builder has these rows)
 
     def _missing_rows(self, row_ids: list[int]) -> None:
         """A replica's state older than the writer's ``reader_grace_seconds`` can show rows

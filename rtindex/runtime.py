@@ -13,6 +13,7 @@ from typing import Any
 from rtindex.background import Worker
 from rtindex.chunkcache import ChunkCache
 from rtindex.documents import Limits
+from rtindex.notify import Wake
 from rtindex.rowcache import RowStoreCache
 from rtindex.segments import ShardConfig
 from rtindex.reader import ShardReader
@@ -33,6 +34,8 @@ class Runtime:
     sealer: Worker | None = None  # the writer's background threads
     merger: Worker | None = None
     secondary_root: str | None = None  # a reader's: where its RocksDB secondaries keep their own files
+    wake: Wake | None = None  # the database's wake-up word (the writer rings it, readers wait on it)
+    indexer: Any = None  # the writer's indexer thread (an executor): ingest indexes there, beside the caller
 
     @property
     def reader(self) -> bool:
@@ -44,4 +47,5 @@ class Runtime:
             return ShardReader(path, index, self.config, self.row_cache, self.column_cache,
                                block_cache=self.block_cache, secondary_path=os.path.join(self.secondary_root, name))
         return ShardWriter(path, index, self.config, self.sealer, self.merger, self.row_cache, self.column_cache,
-                           create=create, sync=self.sync, block_cache=self.block_cache, write_buffers=self.write_buffers)
+                           create=create, sync=self.sync, block_cache=self.block_cache, write_buffers=self.write_buffers,
+                           wake=self.wake)

@@ -11,27 +11,45 @@ from __future__ import annotations
 
 import bisect
 import os
-import threading
-from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterator
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import orjson
 import pyarrow as pa
-from pyroaring import BitMap, FrozenBitMap
+from pyroaring import BitMap
 
 from rtindex import columns, keys
-from rtindex._impl import block_range
 from rtindex.chunkcache import ChunkCache
 from rtindex.errors import CorruptionError
 from rtindex.keys import u64
 from rtindex.rowcache import RowStoreCache, copy_json
-from rtindex.segments import EMPTY, Segment, ShardConfig, ShardState, View, keep_mask, spend
+from rtindex.segments import Segment, ShardConfig, ShardState, View, keep_mask, open_segment
 from rtindex.storage import Store
 
 SEGMENTS_DIR = "segments"
-SIGNAL_FILE = "changes"  # rtindex/notify.py
-_ID_PATH = keys.encode_path(("_id",))
+TAILS_DIR = "tails"  # the mutable segments' files, which reader processes map
+SIGNAL_FILE = "signal"  # the shard's published state, for reader processes (rtindex/notify.py)
+OLD_SIGNAL_FILE = "changes"  # what an earlier version called it (removed)
+
+
+def tail_path(shard_path: str, base: int, fid: int) -> str:
+    """The file of the mutable segment ``fid`` whose first row id is ``base``."""
+    return os.path.join(shard_path, TAILS_DIR, f"{base:020d}-{fid:016x}.rtt")
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A shard as its meta records describe it (see :meth:`Shard.load`)."""
+
+    next_row: int
+    generation: int
+    log_seq: int
+    segments: list[Segment]  # by base, tiling the row ids from 0
+
+    @property
+    def sealed_end(self) -> int:
+        return self.segments[-1].base + self.segments[-1].n if self.segments else 0
 
 
 class Shard:
@@ -49,7 +67,6 @@ class Shard:
         self._rows = row_cache
         self._column_cache = column_cache
         self._row_cache_id = row_cache.new_shard_id()
-        self._mem_lock = threading.Lock()  # guards the builder being filled against concurrent reads
         self.on_publish: Callable[[], None] | None = None  # called after each new state
 
     @property
@@ -66,7 +83,7 @@ class Shard:
 
     def get(self, id_key: bytes) -> dict | None:
         """The current document with this id key, as of the current state (a copy)."""
-        state = self._state
+        state = self.state
         rid = self._find_id(state, id_key)
         if rid is None:
             return None
@@ -88,15 +105,49 @@ class Shard:
                 if i >= 0:
                     v = state.views[i]
                     off = rid - v.base
-                    if off < v.limit and off not in v.deleted and (not v.sealed or off in v.seg.live):
+                    if off < v.limit and off not in v.deleted and v.seg.holds(off):
                         return rid
-        t = _ID_PATH + id_key
+        t = keys.id_term(id_key)
         for v in state.views:
             if v.limit:
                 hits = self.term(v, t)
                 if hits:
                     return v.base + hits.max()
         return None
+
+    def load(self, previous: Stored | None = None) -> Stored:
+        """What the meta records say now: the next row id, the change log sequence and the
+        sealed segments (their files mapped; those of ``previous`` are reused, and all of
+        them when the segment generation did not change). Writer recovery and a reader's
+        refresh both start here."""
+        next_row = self._meta_u64(keys.META_NEXT_ROW)
+        gen = self._meta_u64(keys.META_GENERATION)
+        log_seq = self._meta_u64(keys.META_LOG_SEQ)
+        if previous is not None and previous.generation == gen:
+            return Stored(next_row, gen, log_seq, previous.segments)
+        known = {s.segid: s for s in previous.segments} if previous is not None else {}
+        segs = []
+        for k, v in self.store.scan("meta", keys.META_SEGMENT, keys.prefix_upper_bound(keys.META_SEGMENT)):
+            segid = keys.meta_segment_id(k)
+            seg = known.get(segid)
+            segs.append(seg if seg is not None else open_segment(self.segments_dir, segid, orjson.loads(v), self.index))
+        segs.sort(key=lambda s: s.base)
+        end = 0
+        for seg in segs:  # they tile the row ids from 0: a hole would make rows vanish
+            if seg.base != end:
+                raise CorruptionError(f"shard {self.index} of {self.path}: segment {seg.segid} starts at row "
+                                      f"{seg.base}, the segments before it end at row {end}")
+            end = seg.base + seg.n
+        if end > next_row:
+            raise CorruptionError(f"shard {self.index} of {self.path}: the rows end at {next_row}, "
+                                  f"the segments at {end}")
+        return Stored(next_row, gen, log_seq, segs)
+
+    def deleted_offsets(self, base: int, n: int) -> BitMap:
+        """Offsets (from ``base``) of the rows ``base`` .. ``base + n - 1`` that delete
+        records name."""
+        return BitMap(keys.meta_deleted_row(k) - base
+                      for k in self.store.scan_keys("meta", keys.meta_deleted(base), keys.meta_deleted(base + n)))
 
     def _meta_u64(self, key: bytes) -> int:
         """A u64 meta record (0 when absent), read with an iterator: on a RocksDB secondary a
@@ -107,66 +158,27 @@ class Shard:
             return keys.from_u64(raw)
         return 0
 
-    def _decoded_rows(self, start: int, end: int) -> Iterator[dict]:
-        """Rows ``start`` .. ``end - 1`` from the row store, decoded, in order (what an
-        in-memory segment is built from); CorruptionError where one is missing."""
-        expect = start
-        for k, v in self.store.scan("rows", u64(start), u64(end)):
-            if keys.from_u64(k) != expect:
-                raise CorruptionError(f"shard {self.index} of {self.path}: row {keys.from_u64(k)} found where "
-                                      f"row {expect} was expected")
-            yield orjson.loads(v)
-            expect += 1
-        if expect != end:
-            raise CorruptionError(f"shard {self.index} of {self.path}: rows end at {expect}, next row id is {end}")
-
-    def _reading(self, view: View) -> ContextManager:
-        """Guard for reading ``view``'s builder: the active one is locked against ``add()``;
-        a rotated one never changes again and needs no lock."""
-        return self._mem_lock if view.seg is self._state.views[-1].seg else nullcontext()
-
     def term(self, view: View, term: bytes) -> BitMap:
         """Offsets of ``view``'s visible rows holding ``term``."""
-        if isinstance(view.seg, Segment):
-            bm = view.seg.terms.get(term)
-            if bm is None:
-                return BitMap()
-        else:
-            with self._reading(view):
-                bm = BitMap(view.seg.builder.postings(term, view.limit))
+        bm = view.seg.postings(term, view.limit)
         if view.deleted:
             bm -= view.deleted
         return bm
 
     def has_arrays(self, view: View, array_keys: list[bytes]) -> bool:
-        """False when no row of a sealed ``view`` can hold an array at any of ``array_keys``
-        (ARRAY column keys): the first array on a path is never inside another array, so it
-        has a column. In-memory segments answer True (look the markers up)."""
-        return not isinstance(view.seg, Segment) or not view.seg.column_set.isdisjoint(array_keys)
+        """False when no row of ``view`` can hold an array at any of ``array_keys`` (ARRAY
+        column keys); True when it may (look the markers up)."""
+        return view.seg.may_have_arrays(array_keys)
 
     def has_columns(self, view: View, column_keys: list[bytes]) -> bool:
         """Whether some row of ``view`` may have a column-store value for one of
         ``column_keys`` (a scalar of that path and type outside arrays)."""
-        if isinstance(view.seg, Segment):
-            return not view.seg.column_set.isdisjoint(column_keys)
-        with self._reading(view):
-            return any(view.seg.builder.column_size(ck, view.limit) for ck in column_keys)
+        return view.seg.has_columns(column_keys, view.limit)
 
     def has_terms(self, view: View, column_key: bytes) -> bool:
         """Whether some row of ``view`` may hold a term of ``column_key`` (path + type).
-
-        Conservative (deleted rows count): planners use it to rule things out cheaply. A
-        sealed segment never changes, so its answer is remembered.
-        """
-        seg = view.seg
-        if isinstance(seg, Segment):
-            hit = seg.term_memo.get(column_key)
-            if hit is None:
-                hi = keys.prefix_upper_bound(column_key)
-                hit = seg.term_memo[column_key] = bool(self.term_range(View(seg, view.limit, EMPTY), column_key, hi))
-            return hit
-        with self._reading(view):
-            return column_key in seg.builder.column_keys()
+        Conservative (deleted rows count): planners use it to rule things out cheaply."""
+        return view.seg.has_terms(column_key, view.limit)
 
     def term_range(self, view: View, lo: bytes, hi: bytes, budget: list[int] | None = None) -> BitMap:
         """Offsets of visible rows holding any term t with lo <= t < hi (one path and type).
@@ -175,30 +187,13 @@ class Shard:
         :class:`~rtindex.segments.OverBudget` is raised once it goes below zero, so a planner
         can give up on a range that covers too many terms before paying for all of them.
         """
-        out = BitMap()
-        if isinstance(view.seg, Segment):
-            file = view.seg.file
-            firsts = view.seg.block_keys
-            start = max(bisect.bisect_right(firsts, lo) - 1, 0)
-            end = bisect.bisect_left(firsts, hi)
-            for i in range(start, end):
-                hits = block_range(file.block(i), lo, hi)
-                spend(budget, len(hits))
-                for _, bm in hits:
-                    out |= bm
-        else:
-            b = view.seg.builder
-            with self._reading(view):
-                terms = [t for t in b.column_terms(keys.column_key_of(lo)) if lo <= t < hi]
-                spend(budget, len(terms))
-                for t in terms:
-                    out |= BitMap(b.postings(t, view.limit))
+        out = view.seg.term_range(lo, hi, view.limit, budget)
         if view.deleted:
             out -= view.deleted
         return out
 
     def all_rows(self, view: View) -> BitMap:
-        bm = BitMap(view.seg.live) if isinstance(view.seg, Segment) else BitMap(range(view.limit))
+        bm = view.seg.all_offsets(view.limit)
         if view.deleted:
             bm -= view.deleted
         return bm
@@ -209,10 +204,29 @@ class Shard:
         return self._rows.rows(self._row_cache_id, row_ids, self._read_rows, self.state.next_row_id, charge)
 
     def _read_rows(self, row_ids: list[int]) -> list[bytes]:
-        raws = self.store.multi_get("rows", [u64(r) for r in row_ids])
+        """The stored bytes of rows: those of a mutable segment from its mapping, the rest
+        from the row store."""
+        if not row_ids:
+            return []
+        mems = [v.seg for v in self._state.views if not v.sealed]
+        first = mems[0].base if mems else self._state.next_row_id
+        if min(row_ids) >= first:  # all in mutable segments: the common case for new rows
+            raws = [self._mem_row(mems, r) for r in row_ids]
+        else:
+            raws = self.store.multi_get("rows", [u64(r) for r in row_ids])
+            for i, r in enumerate(row_ids):
+                if r >= first:
+                    raws[i] = self._mem_row(mems, r)
         if None in raws:  # only rows a state shows are asked for: each must be there
             self._missing_rows([r for r, raw in zip(row_ids, raws) if raw is None])
         return raws
+
+    @staticmethod
+    def _mem_row(mems: list, rid: int) -> bytes | None:
+        for m in reversed(mems):
+            if rid >= m.base:
+                return m.row(rid - m.base)
+        return None
 
     def _missing_rows(self, row_ids: list[int]) -> None:
         raise CorruptionError(f"shard {self.index} of {self.path}: rows {row_ids[:5]} are visible in the index "
@@ -221,41 +235,18 @@ class Shard:
     def column_tags(self, view: View, path_key: bytes) -> frozenset[int] | set[int]:
         """Type tags with a column-store value for the encoded path in ``view`` (array
         elements and object markers are indexed terms, not columns)."""
-        if isinstance(view.seg, Segment):  # immutable: worked out once per path (every query asks)
-            tags = view.seg.tags_memo.get(path_key)
-            if tags is None:
-                tags = view.seg.tags_memo[path_key] = frozenset(
-                    tag for tag in keys.TAG_NAMES if path_key + bytes((tag,)) in view.seg.column_set)
-            return tags
-        b = view.seg.builder
-        with self._reading(view):
-            return {tag for tag in columns.ARROW_TYPES if b.column_size(path_key + bytes((tag,)), view.limit)}
+        return view.seg.column_tags(path_key, view.limit)
 
     def column_keys(self, view: View) -> list[bytes]:
         """Every column key (path + type tag) ``view`` has values or markers of: which fields
         its rows may hold (deleted rows count)."""
-        if isinstance(view.seg, Segment):
-            return list(view.seg.column_keys)
-        with self._reading(view):
-            return view.seg.builder.column_keys()
+        return view.seg.keys_of_columns(view.limit)
 
     def scan_view(self, view: View, colkeys: list[bytes]) -> tuple[pa.Array, list[pa.Array]]:
         """(offsets, one array per column key) of the visible rows of ``view``."""
-        if isinstance(view.seg, Segment):
-            n = len(view.seg.live)
-            cols = [c.array if c is not None else columns.nulls(ck[-1], n)
-                    for ck, c in zip(colkeys, self._chunks(view.seg, colkeys))]
-            offsets = view.seg.live_offsets
-            if view.deleted:
-                keep = keep_mask(view.seg.live, view.deleted)
-                offsets = offsets.filter(keep)
-                cols = [c.filter(keep) for c in cols]
-            return offsets, cols
-        n = view.limit
-        cols = self._mem_columns(view, colkeys)
-        offsets = pa.array(np.arange(n, dtype=np.uint32))
+        offsets, cols = view.seg.scan(colkeys, view.limit, self._column_cache)
         if view.deleted:
-            keep = keep_mask(FrozenBitMap(range(n)), view.deleted)
+            keep = keep_mask(view.seg.all_offsets(view.limit), view.deleted)
             offsets = offsets.filter(keep)
             cols = [c.filter(keep) for c in cols]
         return offsets, cols
@@ -265,39 +256,8 @@ class Shard:
         ``rows``: the rows an index lookup matched, their fields read from the column store
         ("add fields") instead of whole documents; :func:`columns.gather` joins the values
         taken from every view."""
-        if isinstance(view.seg, Segment):
-            seg = view.seg
-            held = rows & seg.live
-            if view.deleted:
-                held = held - view.deleted
-            wanted = np.frombuffer(held.to_array(), dtype=np.uint32)
-            # a chunk holds one value per live offset: take at their ranks
-            at = (wanted.astype(np.intp) if seg.live_dense
-                  else np.searchsorted(seg.live_offsets.to_numpy(zero_copy_only=True), wanted))
-            chunks = self._chunks(seg, colkeys)
-            return wanted, [c.take(at) if c is not None else columns.null_taken(len(at)) for c in chunks]
-        held = BitMap(rows) - view.deleted
-        held.remove_range(view.limit, 1 << 32)  # offsets this view does not show yet
+        held = view.seg.held(rows, view.limit)
+        if view.deleted:
+            held -= view.deleted
         wanted = np.frombuffer(held.to_array(), dtype=np.uint32)
-        at = wanted.astype(np.intp)
-        return wanted, [columns.Chunk(c).take(at) for c in self._mem_columns(view, colkeys)]
-
-    def _chunks(self, seg: Segment, colkeys: list[bytes]) -> list[columns.Chunk | None]:
-        """The column chunks of a sealed segment (None: it holds no value of that key)."""
-        n = len(seg.live)
-        out = []
-        for ck in colkeys:
-            chunk = seg.column(ck, self._column_cache)
-            if chunk is not None and len(chunk.array) != n:
-                raise CorruptionError(f"shard {self.index}: column chunk of the wrong length in segment "
-                                      f"{seg.segid} ({seg.file.path})")
-            out.append(chunk)
-        return out
-
-    def _mem_columns(self, view: View, colkeys: list[bytes]) -> list[pa.Array]:
-        """The columns of an in-memory ``view``'s first ``limit`` rows (deleted ones too)."""
-        n = view.limit
-        with self._reading(view):  # (copies of the builder's buffers: used outside the lock)
-            got = [view.seg.builder.column(ck, n) for ck in colkeys]
-        return [columns.dense(ck[-1], offs, vals, n) if len(offs) else columns.nulls(ck[-1], n)
-                for ck, (offs, vals) in zip(colkeys, got)]
+        return wanted, view.seg.take(colkeys, wanted, view.limit, self._column_cache)

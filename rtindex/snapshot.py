@@ -21,7 +21,6 @@ from rtindex._impl import terms_get
 from rtindex.documents import to_event_time
 from rtindex.errors import ClosedError
 from rtindex.rowcache import copy_json
-from rtindex.segments import Segment
 
 if TYPE_CHECKING:
     from rtindex.collection import Collection
@@ -113,10 +112,10 @@ class Snapshot:
     share one (``Collection.snapshot()`` returns the same object until a shard publishes
     a new state)."""
 
-    def __init__(self, coll: "Collection"):
+    def __init__(self, coll: "Collection", states: list["ShardState"] | None = None):
         self._coll = coll
         self._shards = coll._shards
-        self.states: list[ShardState] = [s.state for s in self._shards]
+        self.states: list[ShardState] = states if states is not None else [s.state for s in self._shards]
         # What lookups need, worked out once: the collection hands the same snapshot to every
         # query until a shard publishes a new state (Collection.snapshot), and per-shard loops
         # cost a microsecond or two each on a lookup that is otherwise a few. The views with
@@ -124,10 +123,10 @@ class Snapshot:
         # flat list (terms_get looks a term up in all of them in one call) and the union of
         # their column keys; the in-memory ones.
         self._views_with_rows = [(i, v) for i, st in enumerate(self.states) for v in st.views if v.limit]
-        self._sealed = [(i, v) for i, v in self._views_with_rows if isinstance(v.seg, Segment)]
+        self._sealed = [(i, v) for i, v in self._views_with_rows if v.sealed]
         self._terms = [v.seg.terms for _, v in self._sealed]
         self._column_keys = frozenset().union(*(v.seg.column_set for _, v in self._sealed))
-        self._mem = [(i, v) for i, v in self._views_with_rows if not isinstance(v.seg, Segment)]
+        self._mem = [(i, v) for i, v in self._views_with_rows if not v.sealed]
         self._count = sum(st.count() for st in self.states)
         self.next_row_ids = tuple(st.next_row_id for st in self.states)  # (rows written, per shard)
         # the planners' questions (has_type, column_types), answered once per snapshot: each
@@ -357,7 +356,7 @@ class Snapshot:
         colkeys = [keys.column_key(keys.split_path(p), keys.TAGS_BY_NAME[t]) for p, t in specs]
         names = [f"{'.'.join(keys.split_path(p))}:{t}" for p, t in specs]
         schema = pa.schema([("_shard", pa.uint16()), ("_row_id", pa.uint64())]
-                           + [(n, columns.arrow_type(ck[-1])) for n, ck in zip(names, colkeys)])
+                           + [(n, columns.arrow_type(keys.tag_of(ck))) for n, ck in zip(names, colkeys)])
         if rows is not None:  # a few rows of many views: taken with numpy, one array per column
             if rows._snap is not self:
                 raise ValueError("rows of another snapshot")
@@ -373,7 +372,7 @@ class Snapshot:
             counts = [len(o) for o in offsets[1:]]
             rids = np.concatenate(offsets).astype(np.uint64) + np.repeat(np.array(bases, dtype=np.uint64), counts)
             ids = [pa.array(np.repeat(np.array(shards, dtype=np.uint16), counts)), pa.array(rids)]
-            return pa.Table.from_arrays(ids + [columns.gather(ck[-1], [t[j] for t in taken])
+            return pa.Table.from_arrays(ids + [columns.gather(keys.tag_of(ck), [t[j] for t in taken])
                                                for j, ck in enumerate(colkeys)], schema=schema)
         batches = []
         for i, v in self._views():
@@ -453,16 +452,7 @@ def _key_ranges(p, lo, hi, lo_inc, hi_inc) -> list[tuple[bytes, bytes]]:
 
 
 def _one_range(p, tag, lo, hi, lo_inc, hi_inc) -> tuple[bytes, bytes]:
-    ck = keys.column_key(p, tag)
-    if lo is None:
-        lo_key = ck
-    else:
-        lo_key = ck + keys.encode_value(tag, lo) + (b"" if lo_inc else b"\x00")
-    if hi is None:
-        hi_key = keys.prefix_upper_bound(ck)
-    else:
-        hi_key = ck + keys.encode_value(tag, hi) + (b"\x00" if hi_inc else b"")
-    return lo_key, hi_key
+    return keys.term_bounds(keys.column_key(p, tag), tag, lo, hi, lo_inc, hi_inc)
 
 
 def _int_bounds(lo, hi, lo_inc, hi_inc):

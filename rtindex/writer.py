@@ -1,17 +1,21 @@
 """One shard, write side: the only process that writes it (docs/architecture.md, write path).
 
 Per batch, under the shard's write lock:
-1. each document is indexed into the active in-memory segment (it gets the next row id,
-   ``base + offset``); a document the indexer rejects is reported, nothing is written;
+1. the documents' JSON bytes are indexed into the active mutable segment in one compiled
+   pass (each gets the next row id, ``base + offset``); a document the indexer refuses is
+   reported, nothing of it is written;
 2. the rows, the ``_id`` -> row id entries, delete records for replaced rows, a change log
    record (for readers in other processes) and the next row id go to RocksDB in one
    WAL-backed WriteBatch;
-3. a new immutable ShardState is published (readers that start now see the batch) and the
-   readers' change signal is bumped.
+3. a new immutable ShardState is published (reads that start now see the batch), the
+   mutable segment publishes its row count to readers in other processes, and the shard's
+   signal records the change.
 
-If step 2 fails (a full disk, an I/O error) nothing was stored, but step 1 left rows in the
-builder: the builder is rebuilt from the row store before anything else may use it, so a
-failed batch leaves no trace and the shard goes on working once the cause is gone.
+The mutable segments are files in ``tails/`` that reader processes map: they read the index
+built here instead of building their own. If step 2 fails (a full disk, an I/O error)
+nothing was stored, but step 1 left rows in the segment: it is replaced by one indexed from
+the row store before anything else may use it, so a failed batch leaves no trace and the
+shard goes on working once the cause is gone.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable
 
-import orjson
 from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import keys, segfile
@@ -34,89 +37,123 @@ from rtindex.chunkcache import ChunkCache
 from rtindex.errors import CorruptionError, SchemaError, StorageError
 from rtindex.keys import from_u64, u64
 from rtindex.maintenance import Maintenance
-from rtindex.notify import Signal
+from rtindex.notify import Signal, Wake
 from rtindex.rowcache import RowStoreCache
-from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, open_segment
-from rtindex.shard import SIGNAL_FILE, Shard
+from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View
+from rtindex.shard import OLD_SIGNAL_FILE, SIGNAL_FILE, TAILS_DIR, Shard, tail_path
 from rtindex.storage import Store
 
 log = logging.getLogger("rtindex")
 
 LOG_KEEP = 4096  # change log records kept for readers; one further behind reloads its delete sets
 LOG_TRIM_EVERY = 256
+RECOVERY_ROWS = 2048  # rows read back and indexed at a time by recovery
 
 
 class ShardWriter(Shard):
     def __init__(self, path: str, index: int, config: ShardConfig, sealer: Worker, merger: Worker,
                  row_cache: RowStoreCache, column_cache: ChunkCache, *, create: bool = False, sync: bool = False,
-                 block_cache=None, write_buffers=None):
+                 block_cache=None, write_buffers=None, wake: Wake | None = None):
         super().__init__(path, index, config, row_cache, column_cache)
         self.store = Store(path, create=create, sync=sync, block_cache=block_cache, write_buffers=write_buffers)
         self._write_lock = threading.RLock()  # one writer at a time; publishes states
         self._closed = False
         self._broken_builder = False  # a failed write left rows in the active builder
+        self._wake = wake
+        self._epoch = int.from_bytes(os.urandom(4), "little") or 1  # this incarnation's tail file ids
+        self._next_tail = 0
         try:
-            self._signal = Signal(os.path.join(path, SIGNAL_FILE))
+            self._clear_tails()
+            self._signal = Signal(os.path.join(path, SIGNAL_FILE), self._epoch)
             self.maintenance = Maintenance(self, sealer, merger)
             self._set_state(self._recover())
         except BaseException:
             self.store.close()
             raise
-        self._signal.bump(self._state.next_row_id)
+        self._signal_change(structural=True)
+
+    def _clear_tails(self) -> None:
+        """Remove the mutable segment files of an earlier writer (readers that map one keep
+        their map; a restarted writer indexes the unsealed rows again)."""
+        tails = os.path.join(self.path, TAILS_DIR)
+        os.makedirs(tails, exist_ok=True)
+        for name in os.listdir(tails):
+            os.unlink(os.path.join(tails, name))
+        try:
+            os.unlink(os.path.join(self.path, OLD_SIGNAL_FILE))
+        except FileNotFoundError:
+            pass
+
+    def _new_builder(self, base: int, max_depth: int | None = None):
+        """An empty mutable segment from row id ``base``, in a file readers can map."""
+        self._next_tail += 1
+        fid = (self._epoch << 32) | self._next_tail
+        try:
+            return SegmentBuilder(tail_path(self.path, base, fid), base,
+                                  self.config.max_depth if max_depth is None else max_depth)
+        except OSError as e:
+            raise StorageError(f"cannot make a mutable segment in {os.path.join(self.path, TAILS_DIR)}: "
+                               f"{e.strerror or e}") from e
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> ShardState:
-        """Load sealed segments and deletes; re-index rows that were only in memory."""
-        st = self.store
-        next_row = self._meta_u64(keys.META_NEXT_ROW)
-        self._log_seq = self._meta_u64(keys.META_LOG_SEQ)
-        self._generation = self._meta_u64(keys.META_GENERATION)
-        segs = self._load_segments()
+        """Load sealed segments and deletes; re-index the rows after them (the unsealed ones)."""
+        stored = self.load()
+        self._log_seq, self._generation = stored.log_seq, stored.generation
+        segs = stored.segments
         self._next_segid = max((s.segid for s in segs), default=0) + 1
         self._collect_orphans(segs)
-        sealed_end = segs[-1].base + segs[-1].n if segs else 0
-
-        deleted: dict[int, BitMap] = {}
-        garbage = st.batch()
-        bases = [s.base for s in segs]
-        for k, _ in st.scan("meta", keys.META_DELETED, keys.prefix_upper_bound(keys.META_DELETED)):
-            rid = from_u64(k[1:])
-            if rid >= sealed_end:
-                deleted.setdefault(sealed_end, BitMap()).add(rid - sealed_end)
-                continue
-            i = bisect.bisect_right(bases, rid) - 1
-            off = rid - segs[i].base if i >= 0 else -1
-            if i >= 0 and off in segs[i].live:
-                deleted.setdefault(segs[i].base, BitMap()).add(off)
-            else:  # dropped by a merge whose clean-up did not run: finish it
-                garbage.delete("meta", k)
-                garbage.delete("rows", u64(rid))
+        views = []
+        garbage = self.store.batch()
+        for seg in segs:
+            deleted = self.deleted_offsets(seg.base, seg.n)
+            for off in deleted - seg.live:  # dropped by a merge whose clean-up did not run: finish it
+                garbage.delete("meta", keys.meta_deleted(seg.base + off))
+                garbage.delete("rows", u64(seg.base + off))
+            views.append(View(seg, seg.n, FrozenBitMap(deleted & seg.live)))
         if garbage.n:
-            st.write(garbage)
-
-        views = [View(s, s.n, FrozenBitMap(deleted.get(s.base, EMPTY))) for s in segs]
-        builder = self._index_rows(sealed_end, next_row)
-        views.append(View(MemSegment(builder, sealed_end), builder.n_rows, FrozenBitMap(deleted.get(sealed_end, EMPTY))))
-        return ShardState(tuple(views), next_row)
-
-    def _load_segments(self) -> list[Segment]:
-        """The sealed segments the meta records name, with their files mapped, by base."""
-        segs = [open_segment(self.segments_dir, from_u64(k[1:]), orjson.loads(v), self.index)
-                for k, v in self.store.scan("meta", keys.META_SEGMENT, keys.prefix_upper_bound(keys.META_SEGMENT))]
-        segs.sort(key=lambda s: s.base)
-        end = 0
-        for s in segs:  # they tile the row ids from 0: a hole would make rows vanish
-            if s.base != end:
-                raise CorruptionError(f"shard {self.index}: segment {s.segid} starts at row {s.base}, "
-                                      f"the segments before it end at row {end}")
-            end = s.base + s.n
-        return segs
+            self.store.write(garbage)
+        start = stored.sealed_end
+        builder = self._index_rows(start, stored.next_row)
+        deleted = self.deleted_offsets(start, stored.next_row - start)
+        views.append(View(MemSegment(builder, owned=True), builder.n_rows, FrozenBitMap(deleted)))
+        return ShardState(tuple(views), stored.next_row)
 
     def _index_rows(self, start: int, end: int):
-        """A new builder holding rows ``start`` .. ``end - 1`` read back from the row store."""
-        builder = SegmentBuilder(self.config.max_depth)
-        for doc in self._decoded_rows(start, end):
-            builder.add(doc)
+        """A new mutable segment holding rows ``start`` .. ``end - 1`` read back from the row
+        store (indexed from their JSON as stored: no document is decoded)."""
+        builder = self._new_builder(start, max_depth=1 << 20)  # they were checked when written
+        expect = start
+        batch: list[bytes] = []
+
+        def index(raws: list[bytes]) -> None:
+            first = start + builder.n_rows
+            _, errors = self._add(builder.add_json, raws)
+            if errors:
+                i, e = errors[0]
+                raise CorruptionError(f"shard {self.index} of {self.path}: stored row {first + i} "
+                                      f"cannot be indexed: {e}")
+
+        try:
+            for k, v in self.store.scan("rows", u64(start), u64(end)):
+                if from_u64(k) != expect:
+                    raise CorruptionError(f"shard {self.index} of {self.path}: row {from_u64(k)} found where "
+                                          f"row {expect} was expected")
+                batch.append(v)
+                expect += 1
+                if len(batch) >= RECOVERY_ROWS:
+                    index(batch)
+                    batch = []
+            if batch:
+                index(batch)
+            if expect != end:
+                raise CorruptionError(f"shard {self.index} of {self.path}: rows end at {expect}, next row id is {end}")
+        except BaseException:
+            builder.close()
+            builder.unlink()
+            raise
+        builder.max_depth = self.config.max_depth
+        builder.publish(builder.n_rows, self._log_seq)
         return builder
 
     def _collect_orphans(self, segs: list[Segment]) -> None:
@@ -150,10 +187,10 @@ class ShardWriter(Shard):
         except StorageError:
             self._broken_builder = True
             raise
-        with self._mem_lock:
-            views = state.views[:-1] + (replace(mem, seg=MemSegment(builder, mem.base)),)
-            self._set_state(ShardState(views, state.next_row_id))
+        views = state.views[:-1] + (replace(mem, seg=MemSegment(builder, owned=True)),)
+        self._set_state(ShardState(views, state.next_row_id))
         self._broken_builder = False
+        self._signal_change(structural=True)
 
     @contextmanager
     def _failing(self, what: str):
@@ -170,45 +207,62 @@ class ShardWriter(Shard):
             raise StorageError(f"shard {self.index} of {os.path.dirname(self.path)}: {what} failed, nothing "
                                f"of it was stored: {e}") from e
 
-    def put_many(self, items: list[tuple[int, bytes, dict, bytes | None]],
-                 serialize: Callable[[dict, bytes | None], tuple[dict, bytes]] | None = None,
+    def put_many(self, items: list[tuple[int, bytes, dict | None, bytes | None]],
                  generated: set[int] | frozenset[int] = frozenset(),
-                 ) -> tuple[list[tuple[int, SchemaError]], list[int], list[tuple[int, bytes, dict, bytes | None, int]]]:
-        """Upsert ``(caller index, id key, document, document bytes)`` items atomically.
+                 ) -> tuple[list[tuple[int, SchemaError]], list[int], list[tuple[int, bytes, dict | None, bytes | None, int]]]:
+        """Upsert ``(caller index, id key, document, its JSON bytes)`` items atomically: the
+        bytes are indexed into the active mutable segment in one compiled pass (without the
+        GIL), then stored in one write and published. An item without bytes (None) is
+        skipped, as refused.
 
-        ``serialize(document, bytes or None) -> (document, bytes)`` (or SchemaError) is
-        called on each item right before it is indexed, while the document is in the CPU
-        cache (see documents.serialize); without it every item must carry its bytes.
-        Returns the per-item errors (serializing or indexing), the caller indices of the
+        Returns the per-item errors (refused by the indexer), the caller indices of the
         items that replaced a stored document (or an earlier item of the same call; every
-        other item is new), and the items as serialized, each with its row offset in the
-        active segment appended (-1: not stored, see the errors). ``generated``: the caller
-        indices of items whose ``_id`` was just generated (80 random bits after a time, see
-        documents._IdPool), which cannot be stored yet: their ``_id`` index is not read (1.6
-        us a TSBS row). All of them are durable when this returns. Raises StorageError (and
-        stores nothing) when the write fails.
+        other item is new), and the items, each with its row offset in the active segment
+        appended (-1: not stored, see the errors). ``generated``: the caller indices of items
+        whose ``_id`` was just generated (a time then 80 random bits, see
+        documents._IdPool), which cannot be stored yet: their ``_id`` index is not read. All
+        of them are durable when this returns. Raises StorageError (and stores nothing) when
+        the write fails.
         """
-        errors: list[tuple[int, SchemaError]] = []
-        replaced: list[int] = []
         with self._write_lock, self._failing(f"writing {len(items)} documents"):
             self._check_writable()
             self._rotate_if_full()
             state = self._state
-            mem_view = state.views[-1]
-            builder = mem_view.seg.builder
-            base = mem_view.seg.base
-            old = self._stored_rows([it[1] for it in items], [it[0] in generated for it in items])
-            self._broken_builder = True  # until the write below succeeded
-            items = self._index_docs(builder, items, serialize, errors)
-            stored = [it for it in items if it[4] >= 0]
+            mem = state.views[-1].seg
+            self._broken_builder = True  # until the write succeeded
+            offsets, refused = self._add(mem.builder.add_json, [it[3] for it in items if it[3] is not None])
+            out = []
+            at = 0
+            for idx, id_key, doc, raw in items:
+                off = -1
+                if raw is not None:
+                    off = offsets[at]
+                    at += 1
+                out.append((idx, id_key, doc, raw, off))
+            errors = []
+            if refused:
+                with_bytes = [i for i, it in enumerate(items) if it[3] is not None]
+                errors = [(items[with_bytes[i]][0], e) for i, e in refused]
+            replaced: list[int] = []
+            stored = [it for it in out if it[4] >= 0]
             if stored:
                 if stored[-1][4] - stored[0][4] != len(stored) - 1:
                     raise CorruptionError(f"shard {self.index}: the builder gave offsets {stored[0][4]}.."
                                           f"{stored[-1][4]} to {len(stored)} documents")
-                self._write_rows(state, base + stored[0][4], [it[1] for it in stored], [it[3] for it in stored],
-                                 [o for it, o in zip(items, old) if it[4] >= 0], replaced, [it[0] for it in stored])
+                old = self._stored_rows([it[1] for it in stored], [it[0] in generated for it in stored])
+                self._write_rows(state, mem.base + stored[0][4], [it[1] for it in stored],
+                                 [it[3] for it in stored], old, replaced, [it[0] for it in stored])
             self._broken_builder = False
-        return errors, replaced, items
+        return errors, replaced, out
+
+    def _add(self, add, *args):
+        """Call a builder's add_json/add_columns: an OSError (its file cannot grow) is a
+        StorageError, so that the builder is replaced."""
+        try:
+            return add(*args)
+        except OSError as e:
+            raise StorageError(f"indexing into {os.path.basename(os.path.dirname(self.path))}/"
+                               f"shard {self.index}: {e.strerror or e}") from e
 
     def put_columns(self, names: list[str], arrays: list, id_keys: list[bytes], raws: list[bytes],
                     generated: list[bool]) -> list[int]:
@@ -216,8 +270,8 @@ class ShardWriter(Shard):
         prepares them), each row's id key and JSON bytes, and whether its ``_id`` was just
         generated (its ``_id`` index is not read), atomically: all are durable when this
         returns, or none (StorageError). ``rtindex.columnar.prepare`` lets through only
-        columns the builder takes. Returns the positions
-        of the rows that replaced a stored document or an earlier row of the call."""
+        columns the builder takes. Returns the positions of the rows that replaced a stored
+        document or an earlier row of the call."""
         replaced: list[int] = []
         with self._write_lock, self._failing(f"writing {len(id_keys)} documents"):
             self._check_writable()
@@ -225,17 +279,16 @@ class ShardWriter(Shard):
             state = self._state
             mem_view = state.views[-1]
             old = self._stored_rows(id_keys, generated)
-            with self._mem_lock:
-                first = mem_view.seg.builder.add_columns(names, arrays)  # all or nothing
             self._broken_builder = True  # until the write below succeeded
+            first = self._add(mem_view.seg.builder.add_columns, names, arrays, raws)  # refuses before indexing
             self._write_rows(state, mem_view.seg.base + first, id_keys, raws, old, replaced, range(len(id_keys)))
             self._broken_builder = False
         return replaced
 
     def _stored_rows(self, id_keys: list[bytes], fresh: list[bool]) -> list[bytes | None]:
         """The ``_id`` index value (a row id) of each id key, None where none is stored.
-        ``fresh``: which ids were just generated (80 random bits after a time, which cannot
-        be stored yet): they are not read (1.6 us a TSBS row)."""
+        ``fresh``: which ids were just generated (a time then 80 random bits, which cannot
+        be stored yet): they are not read."""
         if not any(fresh):
             return self.store.multi_get("ids", id_keys)
         got = iter(self.store.multi_get("ids", [k for k, f in zip(id_keys, fresh) if not f]))
@@ -277,37 +330,6 @@ class ShardWriter(Shard):
     def change_count(self) -> int:
         """The change counter after the last published write (see rtindex/fence.py)."""
         return self._signal.count
-
-    def _index_docs(self, builder, items, serialize, errors) -> list[tuple]:
-        """Serialize (when ``serialize`` is given) and index each item's document into the
-        active builder: the items with their offset appended, -1 if rejected.
-
-        Items go 32 at a time: serialized, then indexed while still in the CPU cache under
-        the lock that keeps readers off the builder, so a reader waits for at most a few
-        documents, and ingest does not pay a lock round trip per document.
-        """
-        out = []
-        add = builder.add
-        for start in range(0, len(items), 32):
-            part = []
-            for idx, id_key, doc, raw in items[start : start + 32]:
-                if serialize is not None:
-                    try:
-                        doc, raw = serialize(doc, raw)
-                    except SchemaError as e:
-                        errors.append((idx, e))
-                        raw = None
-                part.append((idx, id_key, doc, raw))
-            with self._mem_lock:
-                for idx, id_key, doc, raw in part:
-                    off = -1
-                    if raw is not None:
-                        try:
-                            off = add(doc)
-                        except SchemaError as e:
-                            errors.append((idx, e))
-                    out.append((idx, id_key, doc, raw, off))
-        return out
 
     def _log(self, wb, dels: list[int]) -> int:
         """Add a change log record of ``dels`` to ``wb`` (readers in other processes learn
@@ -360,10 +382,26 @@ class ShardWriter(Shard):
                 views[i] = replace(views[i], deleted=FrozenBitMap(BitMap(views[i].deleted) | BitMap(offs)))
         mem = views[-1]
         views[-1] = replace(mem, limit=next_row - mem.base)
+        mem.seg.builder.publish(next_row - mem.base, self._log_seq)
         self._set_state(ShardState(tuple(views), next_row))
-        self._signal.bump(next_row)
-        if self._is_full(self._state) and self._pending_seals(self._state) < self.config.max_pending_seals:
-            self._set_state(self._rotated(self._state))
+        rotate = self._is_full(self._state) and self._pending_seals(self._state) < self.config.max_pending_seals
+        if rotate:
+            try:
+                self._set_state(self._rotated(self._state))
+            except StorageError as e:  # the batch is stored; the next write rotates (or fails before storing)
+                log.warning("rtindex shard %s: %s", self.path, e)
+                rotate = False
+        self._signal_change(structural=bool(dels) or rotate)
+
+    def _signal_change(self, structural: bool) -> None:
+        """Publish the shard's state to reader processes (caller holds the write lock);
+        ``structural``: a change they must act on (deletes, segments made, sealed or merged),
+        not only rows they see through the mutable segment's row count: wake them."""
+        st = self._state
+        tails = [(v.base, v.seg.fid) for v in st.views if not v.sealed]
+        self._signal.bump(st.next_row_id, self._generation, self._log_seq, tails)
+        if structural and self._wake is not None:
+            self._wake.ring()
 
     # ------------------------------------------------------------------ rotation
     def _is_full(self, state: ShardState) -> bool:
@@ -382,10 +420,11 @@ class ShardWriter(Shard):
             return
         self.maintenance.wait_for_seal_slot()
         self._set_state(self._rotated(self._state))
+        self._signal_change(structural=True)
 
     def _rotated(self, state: ShardState) -> ShardState:
         """``state`` with a fresh active builder; the full one goes to the sealer."""
-        fresh = View(MemSegment(SegmentBuilder(self.config.max_depth), state.next_row_id), 0, EMPTY)
+        fresh = View(MemSegment(self._new_builder(state.next_row_id), owned=True), 0, EMPTY)
         self.maintenance.seal_later()
         return ShardState(state.views + (fresh,), state.next_row_id)
 
@@ -396,6 +435,7 @@ class ShardWriter(Shard):
             if self._state.views[-1].limit:
                 self.maintenance.wait_for_seal_slot()
                 self._set_state(self._rotated(self._state))
+                self._signal_change(structural=True)
 
     def new_segid(self) -> int:
         with self._write_lock:
@@ -421,10 +461,11 @@ class ShardWriter(Shard):
                 raise CorruptionError(f"shard {self.index}: segments changed under a seal or merge")
             views[i : i + len(old)] = [build(cur)]
             self._set_state(ShardState(tuple(views), self._state.next_row_id))
-            self._signal.bump(self._state.next_row_id)
+            self._signal_change(structural=True)
 
     def signal(self) -> None:
-        self._signal.bump(self._state.next_row_id)
+        with self._write_lock:
+            self._signal_change(structural=True)
 
     @property
     def closed(self) -> bool:
@@ -439,6 +480,9 @@ class ShardWriter(Shard):
     def close(self) -> None:
         with self._write_lock:
             self._closed = True
+            for v in self._state.views:  # readers may go on reading them; the next writer removes them
+                if not v.sealed:
+                    v.seg.keep_file()
         try:
             self.store.close()
         finally:

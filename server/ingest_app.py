@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import uuid
 from typing import Any
 
 import anyio
@@ -80,21 +79,22 @@ class IngestService:
         except rtindex.NotFoundError:
             raise HttpError(404, "NotFound", f"no collection named {name!r}") from None
 
-    async def _ingest(self, coll: rtindex.Collection, docs: list, first: int, items: list) -> str:
-        """Store one batch; append each document's status to ``items``; the fence."""
-        for d in docs:
-            if isinstance(d, dict) and d.get("_id") is None:
-                d["_id"] = uuid.uuid4().hex  # so the reply can name it
+    async def _ingest(self, coll: rtindex.Collection, docs: list, first: int, items: list,
+                      names: list[str] | None = None) -> str:
+        """Store one batch (documents, or each one's JSON text as bytes: stored and indexed as
+        it came); append each document's status to ``items``; the fence. ``names``: what an
+        error calls each document (else "document <position>")."""
         # errors="report": each document's outcome goes into the reply; nothing is raised
         stats = await anyio.to_thread.run_sync(functools.partial(coll.ingest, docs, errors="report", progress=False))
         errors = {e.index: e for e in stats.errors}
         replaced = set(stats.replaced)
-        for i, d in enumerate(docs):
-            doc_id = d.get("_id") if isinstance(d, dict) else None
+        for i in range(len(docs)):
+            doc_id = stats.doc_ids.get(i)
             e = errors.get(i)
             if e is not None:
+                name = names[i] if names is not None else f"document {first + i}"
                 items.append({"_id": doc_id, "status": "ERROR",
-                              "error": f"document {first + i}: {e.message}" + (f" at {e.path}" if e.path != "$" else "")})
+                              "error": f"{name}: {e.message}" + (f" at {e.path}" if e.path != "$" else "")})
             else:
                 items.append({"_id": doc_id, "status": "REPLACED" if i in replaced else "ADDED", "error": None})
         metrics.INGEST_DOCS.inc(stats.n)
@@ -117,6 +117,26 @@ class IngestService:
             return orjson.loads(await self._body(request))
         except orjson.JSONDecodeError as e:
             raise HttpError(400, "BadRequest", f"the request body is not valid JSON: {e}") from None
+
+    async def _documents(self, request: Request, member: str | None) -> list:
+        """The documents of a JSON array body (or of the array at ``member`` of a JSON object
+        body), each as its JSON text: they are stored and indexed as they came."""
+        body = await self._body(request)
+        docs = rtindex.documents_of(body, member)
+        if docs is not None:
+            return docs
+        try:  # not an array as expected: say what is wrong with it
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise HttpError(400, "BadRequest", f"the request body is not valid JSON: {e}") from None
+        if member is None:
+            if not isinstance(parsed, list):
+                raise HttpError(400, "BadRequest", "the body must be a JSON array of documents "
+                                                   f"(or NDJSON sent as {NDJSON})")
+            return parsed
+        if not isinstance(parsed, dict) or not isinstance(parsed.get(member), list):
+            raise HttpError(400, "BadRequest", f'give {{"{member}": [documents]}}')
+        return parsed[member]
 
     def _check_count(self, n: int) -> None:
         if n > self.limits.max_docs_per_request:
@@ -145,19 +165,18 @@ class IngestService:
         async def flush():
             slots: list = []
             good: list = []
+            names: list = []
             for line_no, line in batch:
                 if line is None:
                     slots.append({"_id": None, "status": "ERROR",
                                   "error": f"line {line_no} is over max_document_bytes={max_doc}"})
                     continue
-                try:
-                    good.append(orjson.loads(line))
-                    slots.append(None)
-                except orjson.JSONDecodeError as e:
-                    slots.append({"_id": None, "status": "ERROR", "error": f"line {line_no} is not valid JSON: {e}"})
+                good.append(line)  # indexed as it came: a line that is not a document is its item's error
+                names.append(f"line {line_no}")
+                slots.append(None)
             done: list = []
             if good:
-                state["fence"] = await self._ingest(coll, good, state["first"], done)
+                state["fence"] = await self._ingest(coll, good, state["first"], done, names)
             it = iter(done)
             items.extend(s if s is not None else next(it) for s in slots)
             state["first"] += len(batch)
@@ -234,11 +253,7 @@ class IngestService:
         if request.headers.get("content-type", "").split(";")[0].strip() == NDJSON:
             items, fence = await self.write_ndjson(coll, request)
         else:
-            docs = await self._json(request)
-            if not isinstance(docs, list):
-                raise HttpError(400, "BadRequest", "the body must be a JSON array of documents "
-                                                   f"(or NDJSON sent as {NDJSON})")
-            items, fence = await self.write_docs(coll, docs)
+            items, fence = await self.write_docs(coll, await self._documents(request, None))
         return json_response({"items": items, "fence": fence})
 
     async def patch_doc(self, request: Request) -> Response:
@@ -283,10 +298,7 @@ class IngestService:
     async def rockset_docs(self, request: Request) -> Response:
         name = self.rockset_name(request)
         coll = self.collection(name)
-        body = await self._json(request)
-        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-            raise HttpError(400, "BadRequest", 'give {"data": [documents]}')
-        items, fence = await self.write_docs(coll, body["data"])
+        items, fence = await self.write_docs(coll, await self._documents(request, "data"))
         coll_name = request.path_params["coll"]
         return json_response({"data": [{"_id": it["_id"], "_collection": coll_name, "status": it["status"],
                                  "error": it["error"]} for it in items], "last_offset": fence})

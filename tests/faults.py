@@ -76,7 +76,7 @@ class Call:
     k: int
     name: str
     thread: str
-    main: bool  # made by the main thread (else by a background worker)
+    main: bool  # made for the caller: by the main thread, or the indexer thread it hands puts to (else background)
 
     def __str__(self) -> str:
         return f"#{self.k} {self.name} [{self.thread}]"
@@ -122,7 +122,8 @@ class Fault:
     def _before_call(self, name: str, default_error: Callable[[str], BaseException]) -> None:
         t = threading.current_thread()
         with self._lock:
-            call = Call(len(self.calls) + 1, name, t.name, t is threading.main_thread())
+            call = Call(len(self.calls) + 1, name, t.name,
+                        t is threading.main_thread() or t.name.startswith("rtindex-indexer"))
             if self._match is not None and not self._match(call):
                 return
             self.calls.append(call)

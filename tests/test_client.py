@@ -154,7 +154,7 @@ def test_ingest_takes_what_embedded_takes_and_reads_lazily(db, monkeypatch):
     # a JSON array, as bytes and as str; documents without _id get one
     st = coll.ingest(b'[{"x": 1}, {"x": 2}, 5]', errors="report")
     assert st.n == 2 and all(len(i) == 32 for i in st.ids)
-    assert [(e.index, e.message) for e in st.errors] == [(2, "a document must be a JSON object, not int")]
+    assert [(e.index, e.message) for e in st.errors] == [(2, "a document must be a JSON object, not a number")]
     st = coll.ingest('{"_id": "s1"}\n{"_id": "s2"}\n')
     assert st.ids == ["s1", "s2"]
     # what cannot be JSON, too deep, too large: item errors, the rest stored

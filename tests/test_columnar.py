@@ -171,15 +171,17 @@ def test_split_and_index_as_the_rows(batch, n_shards):
         assert part.rows.tolist() == sorted(part.rows.tolist())  # batch order kept
         assert all(documents.shard_of(p.id_keys[i], n_shards) == part.shard for i in part.rows.tolist())
         assert [a.to_pylist() for a in part.arrays] == [[a[i].as_py() for i in part.rows.tolist()] for a in p.arrays]
+        # Row-wise: add_json of each row's JSON; column-wise: add_columns, with the same bytes.
+        raws = [orjson.dumps(dict(zip(p.names, (a[i].as_py() for a in p.arrays)))) for i in part.rows.tolist()]
         for impl in (PySegmentBuilder, CySegmentBuilder):
             if impl is None:
                 continue
             columnwise, rowwise = impl(), impl()
-            columnwise.add_columns(p.names, part.arrays)
-            for i in part.rows.tolist():
-                rowwise.add(dict(zip(p.names, (a[i].as_py() for a in p.arrays))))
+            assert columnwise.add_columns(p.names, part.arrays, raws) == 0
+            assert rowwise.add_json(raws) == (list(range(len(raws))), [])
             assert snapshot(columnwise) == snapshot(rowwise)
-            assert columnwise.nbytes == rowwise.nbytes
+            if impl is PySegmentBuilder:
+                assert columnwise.nbytes == rowwise.nbytes
 
 
 # ---------------------------------------------------------------- by hand

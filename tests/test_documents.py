@@ -130,5 +130,6 @@ def test_a_line_is_stored_as_the_document_serialized_would_be(doc, spaced):
 def test_a_line_over_max_document_bytes_is_refused_by_its_own_length():
     line = b'{"_id": 1, "_event_time": 1700000000000000, "pad": "' + b"x" * 100 + b'"}'
     (_, parsed), = parse_lines([line])
+    assert parsed.doc is None and parsed.raw == line  # a line is kept as text, not parsed
     with pytest.raises(SchemaError, match="max_document_bytes"):
-        prepare(parsed.doc, Limits(max_document_bytes=100), NOW, True, raw=parsed.raw)
+        prepare(orjson.loads(parsed.raw), Limits(max_document_bytes=100), NOW, True, raw=parsed.raw)

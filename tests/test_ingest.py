@@ -1,14 +1,21 @@
-"""ingesting: the interpreter settings ingest runs under, and that they are undone."""
+"""ingest: the write path of Collection.ingest (prepare on the caller's thread, put on the
+indexer thread, in order), documents given as text, and the interpreter settings ingest
+runs under."""
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
+import time
 
+import orjson
 import pytest
 
-from rtindex import ingesting
+import rtindex
+from rtindex import documents, ingest
+from rtindex.documents import Limits
 
 
 def test_ingest_runs_with_the_collector_paused_and_short_switches_then_restores(db):
@@ -22,7 +29,7 @@ def test_ingest_runs_with_the_collector_paused_and_short_switches_then_restores(
 
     before = (gc.isenabled(), sys.getswitchinterval())
     c.ingest(docs())
-    assert seen == [(False, ingesting.SWITCH_INTERVAL)] * 3
+    assert seen == [(False, ingest.SWITCH_INTERVAL)] * 3
     assert (gc.isenabled(), sys.getswitchinterval()) == before
 
     def broken():
@@ -37,7 +44,7 @@ def test_ingest_runs_with_the_collector_paused_and_short_switches_then_restores(
 def test_a_collector_the_caller_turned_off_stays_off():
     gc.disable()
     try:
-        with ingesting.ingest_mode():
+        with ingest.ingest_mode():
             pass
         assert not gc.isenabled()
     finally:
@@ -50,7 +57,7 @@ def test_settings_hold_until_the_last_of_several_threads_leaves():
     states = []
 
     def other():
-        with ingesting.ingest_mode():
+        with ingest.ingest_mode():
             first_in.set()
             second_out.wait(5)
             states.append((gc.isenabled(), sys.getswitchinterval()))
@@ -58,9 +65,130 @@ def test_settings_hold_until_the_last_of_several_threads_leaves():
     t = threading.Thread(target=other)
     t.start()
     first_in.wait(5)
-    with ingesting.ingest_mode():
+    with ingest.ingest_mode():
         pass
     second_out.set()  # this thread left first: the other one still ingests
     t.join(5)
-    assert states == [(False, ingesting.SWITCH_INTERVAL)]
+    assert states == [(False, ingest.SWITCH_INTERVAL)]
     assert gc.isenabled() and sys.getswitchinterval() == before
+
+
+# -- documents given as JSON text ------------------------------------------------------------
+def test_text_is_stored_as_it_came_with_only_id_and_event_time_added(db):
+    c = db.create_collection("c", shards=2)
+    lines = [b'{"_id": "a", "x": [1,  2],  "_event_time": 1700000000000000}',
+             b'  {"x": {"y": "\\u00e9"}}  ',
+             b'{}',
+             b'{"_id": 7, "z": null}']
+    st = c.ingest(lines)
+    assert st.n == 4 and not st.errors
+    snap = c.snapshot()
+    stored = {d["_id"]: d for d in snap.fetch(snap.all())}
+    assert stored["a"] == {"_id": "a", "x": [1, 2], "_event_time": 1700000000000000}
+    gen = [k for k in stored if k not in ("a", 7)]
+    assert len(gen) == 2 and all(len(k) == 32 for k in gen)
+    assert [stored[k]["x"] for k in gen if "x" in stored[k]] == [{"y": "\u00e9"}]
+    assert stored[7]["z"] is None and isinstance(stored[7]["_event_time"], int)
+    assert st.doc_ids[0] == "a" and st.doc_ids[3] == 7 and st.doc_ids[1] in gen
+    # the row is the text given (the array kept its spacing), found by the index
+    row = c._shards[documents.shard_of(documents.encode_id("a"), 2)].fetch([0])[0]
+    assert row["x"] == [1, 2]
+    assert db.sql("SELECT _id FROM c WHERE ARRAY_CONTAINS(x, 2)").rows() == [{"_id": "a"}]
+
+
+@pytest.mark.parametrize("text, message, path", [
+    (b'{"a": tru}', "invalid JSON at byte 6: unexpected character 't'", "$"),
+    (b'[1]', "a document must be a JSON object, not an array", "$"),
+    (b'{"a": 1, "a": 2}', "duplicate key in an object", "$.a"),
+    (b'{"a": 99999999999999999999}', "integer outside the signed 64-bit range", "$.a"),
+    (b'{"a": NaN}', "invalid JSON at byte 6: NaN and Infinity are not JSON numbers", "$"),
+    (b'{"_id": 1.5}', "_id must be a string or an integer, not float", "$._id"),
+    (b'{"_event_time": 1700000000}', "looks like seconds", "$._event_time"),
+])
+def test_text_that_is_not_a_document_is_its_items_error(db, text, message, path):
+    c = db.create_collection("c")
+    st = c.ingest([b'{"_id": 1}', text, b'{"_id": 2}'], errors="report")
+    assert st.n == 2 and [e.index for e in st.errors] == [1]
+    assert message in st.errors[0].message and st.errors[0].path == path
+
+
+def test_a_long_text_is_refused_by_its_length(tmp_path):
+    with rtindex.open(tmp_path / "db", max_document_bytes=100) as db:
+        c = db.create_collection("c")
+        st = c.ingest([b'{"_id": 5, "pad": "' + b"x" * 200 + b'"}'], errors="report")
+        assert st.n == 0 and st.errors[0].id == 5 and "max_document_bytes=100" in st.errors[0].message
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+def test_puts_run_on_the_indexer_thread_in_order_and_the_caller_prepares_meanwhile(db, monkeypatch):
+    c = db.create_collection("c", shards=2)
+    seen = []
+    for shard in c._shards:
+        put = shard.put_many
+
+        def spy(items, generated=frozenset(), put=put, shard=shard):
+            seen.append((threading.current_thread().name, shard.index, items[0][0]))
+            return put(items, generated)
+
+        monkeypatch.setattr(shard, "put_many", spy)
+    st = c.ingest([{"_id": i} for i in range(4000)], batch_size=500)
+    assert st.n == 4000 and len(c) == 4000
+    assert {name for name, _, _ in seen} == {"rtindex-indexer_0"}
+    for s in (0, 1):  # each shard's puts in input order
+        firsts = [first for _, shard, first in seen if shard == s]
+        assert firsts == sorted(firsts)
+
+
+def test_a_chunk_is_visible_while_the_caller_waits_for_more_input(db):
+    """A streamed input that pauses: what came before the pause is stored and visible."""
+    c = db.create_collection("c")
+    r, w = os.pipe()
+    seen = []
+
+    def write():
+        with os.fdopen(w, "wb") as out:
+            out.write(b"".join(orjson.dumps({"_id": i}) + b"\n" for i in range(100)))
+            out.flush()
+            deadline = time.monotonic() + 30
+            while len(c) < 100 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(len(c))
+
+    t = threading.Thread(target=write)
+    t.start()
+    with os.fdopen(r, "rb") as f:
+        c.ingest(f, batch_size=100)
+    t.join()
+    assert seen == [100]
+
+
+def test_after_a_failed_put_nothing_more_is_begun(db, monkeypatch):
+    c = db.create_collection("c", shards=1)
+    shard = c._shards[0]
+    put = shard.put_many
+    calls = []
+
+    def failing(items, generated=frozenset()):
+        calls.append(items[0][0])
+        if len(calls) == 2:
+            raise rtindex.StorageError("injected: the second put fails")
+        return put(items, generated)
+
+    monkeypatch.setattr(shard, "put_many", failing)
+    with pytest.raises(rtindex.StorageError, match="injected"):
+        c.ingest([{"_id": i} for i in range(5000)], batch_size=1000)
+    assert calls[:2] == [0, 1000] and len(calls) <= 3  # (one more may have been queued, never begun)
+    assert len(c) == 1000
+
+
+def test_prepare_routes_and_names_what_it_cannot_store():
+    lim = Limits()
+    chunk = [(0, {"_id": "x", "v": 1}), (1, documents.Line(None, b'{"v": 2}', True)), (2, [1, 2]),
+             (3, documents.Line(None, b'{nope', True)), (4, b'{"_id": 5}')]
+    c = ingest.prepare(chunk, lim, 4)
+    routed = {idx: raw for part in c.per_shard for idx, _, _, raw in part}
+    assert sorted(routed) == [0, 1, 4] and c.generated == {1}
+    assert routed[1].startswith(b'{"v": 2,"_id":"') and b'"_event_time":' in routed[1]
+    assert [(e.index, e.message) for e in c.errors] == [
+        (2, "a document must be a JSON object, not list"),
+        (3, "invalid JSON on line 4 at byte 1: expected a string key")]

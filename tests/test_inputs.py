@@ -350,7 +350,7 @@ def test_ndjson_files_by_path_str_and_pathlib(db, tmp_path, name):
         st = c.ingest(source, batch_size=3, errors="report")
         assert st.ids == list(range(7))
         [e] = st.errors
-        assert e.index == 2 and "invalid JSON on line 3" in e.message  # index: line number - 1
+        assert e.index == 2 and e.message == "invalid JSON on line 3 at byte 8: unexpected character 'o'"  # index: line number - 1
     st = c.ingest_file(path, errors="report", batch_size=2)
     assert st.ids == list(range(7)) and st.errors[0].index == 2
     assert stored(c, 4) == {"_id": 4, "v": 6.0, "s": "s4"}

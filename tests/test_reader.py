@@ -545,12 +545,10 @@ def run_factory(tmp_path, rand):
 
 
 def _sequence(run: Run, shards_strict: bool) -> list[dict]:
-    # The writer sleeps 2 ms between steps so that each reader sees the sequence go by (the
-    # checks below ask for 10 distinct states). With 1 ms, once ingest's write loop got
-    # faster, a reader saw only 9 in 4 of 30 runs of the 3-shard test and in one CI run of
-    # the 1-shard one: timing, not a wrong read. With 2 ms, the 3-shard test passed 30 of 30
-    # runs and the 1-shard one 10 of 10.
-    w = run.start_writer(delay_ms=2.0, go=True)
+    # The writer sleeps between steps so that each reader, whose whole-collection reads take
+    # tens of milliseconds on a busy machine, sees the sequence go by (the checks below ask
+    # for 10 distinct states): a timing need, not a correctness one.
+    w = run.start_writer(delay_ms=4.0, go=True)
     run.start_readers(2)
     Path(run.go).touch()
     run.note("go")

@@ -1,0 +1,308 @@
+"""The write path of ``Collection.ingest``: documents prepared on the calling thread, then
+indexed, stored and published on the database's indexer thread, so that both cores work.
+
+A chunk of documents goes through two stages:
+1. **prepare** (calling thread): each document identified (``_id`` and ``_event_time``
+   filled in where missing), serialized to the JSON bytes the row store keeps (text input
+   is kept as it came: read, not parsed), and routed to its shard;
+2. **put** (indexer thread, one shard's part at a time, in order): the bytes indexed into
+   the shard's mutable segment in one compiled pass without the GIL, the rows written to
+   RocksDB in one atomic write, and published (``ShardWriter.put_many``).
+
+While the indexer thread puts chunk k, the calling thread prepares chunk k+1; at most
+``IN_FLIGHT`` chunks are under way. A chunk is visible once its puts are done, whatever
+the caller does meanwhile (a streamed input may wait for more data); ``ingest()`` returns
+after the last. After a put fails, the puts queued behind it are not begun.
+
+Interpreter settings while documents are ingested (:func:`ingest_mode`):
+
+- **The cyclic garbage collector is paused.** Ingest makes and drops millions of
+  containers and creates no reference cycles, but the collector, triggered by allocation
+  counts, keeps traversing them, more so the more objects the process holds. Between
+  batches :func:`collect_young` collects the young generations, so cycles that the
+  caller's own code (a generator feeding ingest) makes are still freed; older ones wait
+  for the next full collection after the ingest.
+- **The interpreter switches threads every 0.5 ms instead of 5.** The calling thread holds
+  the GIL nearly all the time, and the indexer and sealer threads need it between their
+  native steps; with the default interval they wait for it (measured: docs/benchmarks.md).
+
+Both hold while any thread is inside :func:`ingest_mode`, and are undone when the last one
+leaves (a collector the caller had turned off stays off; the caller's interval comes back).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import orjson
+
+from rtindex import documents
+from rtindex._impl import SegmentBuilder, scan_top
+from rtindex.documents import ItemError, Limits
+from rtindex.errors import SchemaError
+
+SWITCH_INTERVAL = 0.0005
+# Documents a shard takes per put: its mutable segment is checked against seal_rows and
+# seal_bytes before each put, so a put of more would overshoot them by more.
+PUT_DOCS = 1024
+IN_FLIGHT = 2  # chunks prepared and not yet put, at most
+
+_lock = threading.Lock()
+_inside = 0  # threads inside ingest_mode()
+_gc_was_enabled = False  # as found by the first of them
+_interval_was = 0.005
+
+
+@contextmanager
+def ingest_mode() -> Iterator[None]:
+    global _inside, _gc_was_enabled, _interval_was
+    with _lock:
+        if _inside == 0:
+            _gc_was_enabled = gc.isenabled()
+            _interval_was = sys.getswitchinterval()
+            gc.disable()
+            sys.setswitchinterval(min(_interval_was, SWITCH_INTERVAL))
+        _inside += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _inside -= 1
+            if _inside == 0:
+                sys.setswitchinterval(_interval_was)
+                if _gc_was_enabled:
+                    gc.enable()
+
+
+def collect_young() -> None:
+    """Collect generations 0 and 1: objects made since the last collection that are still
+    alive, which between two ingest batches are few (the batch before is gone)."""
+    gc.collect(1)
+
+
+@dataclass
+class Chunk:
+    """One chunk's documents on their way: what each shard takes, and what was stored."""
+
+    per_shard: list[list[tuple[int, bytes, Any, bytes]]]  # (input index, id key, document, JSON bytes)
+    generated: set[int]  # input indices of the documents given an _id just now
+    ids: dict[int, Any]  # input index -> _id, of each document routed to a shard
+    errors: list[ItemError] = field(default_factory=list)
+    replaced: list[int] = field(default_factory=list)
+    sizes: dict[int, int] = field(default_factory=dict)  # input index -> bytes stored
+    lines: set[int] = field(default_factory=set)  # input indices of NDJSON lines (their errors name the line)
+    puts: list = field(default_factory=list)  # (shard, its put under way: a future)
+
+    def error(self, idx: int, doc_id: Any, e: SchemaError) -> None:
+        """Record that input ``idx`` was not stored, and why."""
+        self.errors.append(ItemError(idx, doc_id, e.path, on_line(e.message, idx) if idx in self.lines else e.message))
+
+
+def on_line(message: str, idx: int) -> str:
+    """A JSON syntax error's message for line ``idx + 1`` of NDJSON text: it names the line."""
+    if message.startswith("invalid JSON at byte "):
+        return f"invalid JSON on line {idx + 1} at byte " + message[len("invalid JSON at byte "):]
+    return message
+
+
+def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
+    """Identify, serialize and route a chunk of ``(input index, document)`` items (a document
+    is a dict, a documents.Line, or the SchemaError of an input that could not be read)."""
+    now = documents.now_us()
+    per_shard: list[list] = [[] for _ in range(n_shards)]
+    out = Chunk(per_shard, set(), {})
+    line_type, identify, serialize, shard_of = documents.Line, documents.identify, documents.serialize, documents.shard_of
+    for idx, doc in chunk:
+        line = None
+        if type(doc) is bytes:  # one JSON document as text
+            doc = line_type(None, doc)
+        if type(doc) is line_type:
+            if doc.numbered:
+                out.lines.add(idx)
+            if doc.doc is None:
+                got = _from_text(doc.raw, now, limits)
+                if type(got) is tuple:
+                    doc_id, id_key, raw, generated = got
+                    out.ids[idx] = doc_id
+                    per_shard[shard_of(id_key, n_shards)].append((idx, id_key, None, raw))
+                    if generated:
+                        out.generated.add(idx)
+                    continue
+                if type(got) is _Refused:
+                    out.error(idx, got.doc_id, got.error)
+                    continue
+                doc.doc = got
+            doc, line = doc.doc, doc.raw
+        elif isinstance(doc, SchemaError):
+            out.errors.append(ItemError(idx, None, doc.path, doc.message))
+            continue
+        try:
+            doc_id, id_key, d, raw = identify(doc, now, True, line)
+            d, raw = serialize(d, raw, limits)
+        except SchemaError as e:
+            out.error(idx, doc.get("_id") if isinstance(doc, dict) else None, e)
+            continue
+        out.ids[idx] = doc_id
+        per_shard[shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
+        if doc.get("_id") is None:
+            out.generated.add(idx)
+    return out
+
+
+def _from_text(raw: bytes, now: int, limits: Limits):
+    """A document given as JSON text, identified without parsing it: ``(_id, id key, the
+    text to store, whether the _id was generated)``, with ``_id`` and ``_event_time`` added
+    at its end when missing. Else the document parsed (it needs the general path), or why
+    it is refused (a :class:`_Refused`)."""
+    status, doc_id, id_key, et, close, members = scan_top(raw)
+    if status == 0 and len(raw) > limits.max_document_bytes:
+        return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
+                                            f"{limits.max_document_bytes}"))
+    if status == 0 and (et is None or documents.EVENT_TIME_MIN_US <= et < documents.EVENT_TIME_MAX_US):
+        added = b""
+        generated = doc_id is None
+        if generated:
+            doc_id = documents.new_id()
+            id_key = documents.encode_id(doc_id)
+            added = b'"_id":"' + doc_id.encode() + b'"'
+        if et is None:
+            added += (b"," if added else b"") + b'"_event_time":' + str(now).encode()
+        if added:
+            raw = raw[:close].rstrip() + (b"," if members else b"") + added + b"}"
+            if len(raw) > limits.max_document_bytes:
+                return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
+                                                    f"{limits.max_document_bytes}"))
+        else:
+            raw = raw.strip()
+        return doc_id, id_key, raw, generated
+    if len(raw) > limits.max_document_bytes:  # (not parsed: it would be refused anyway)
+        return _Refused(None, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
+                                          f"{limits.max_document_bytes}"))
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        return _Refused(None, json_error(raw, limits.max_depth) or SchemaError(f"invalid JSON: {e}"))
+    if type(doc) is not dict:  # what the indexer says of it
+        return _Refused(None, json_error(raw, limits.max_depth) or SchemaError("a document must be a JSON object"))
+    return doc
+
+
+class _Refused:
+    """A document given as text that is refused before it is indexed, and its ``_id`` if known."""
+
+    __slots__ = ("doc_id", "error")
+
+    def __init__(self, doc_id: Any, error: SchemaError):
+        self.doc_id = doc_id
+        self.error = error
+
+
+def json_error(raw: bytes, max_depth: int) -> SchemaError | None:
+    """What the indexer says of ``raw`` (the canonical error of a document that is not
+    valid JSON, or not an object), None if it takes it."""
+    _, errors = SegmentBuilder(None, 0, max_depth).add_json([raw])
+    return errors[0][1] if errors else None
+
+
+class Pipeline:
+    """Chunks of documents through the shards of one collection (see the module docstring).
+
+    ``add`` takes the next chunk; ``drain`` waits until every chunk added is stored (and
+    raises the first failure). Finished chunks go to ``done`` in order, one at a time.
+    """
+
+    def __init__(self, shards: list, limits: Limits, indexer, done):
+        self._shards = shards
+        self._limits = limits
+        self._indexer = indexer
+        self._done = done
+        self._chunks: list[Chunk] = []  # added and not yet handed to done, in order
+        self._failed: BaseException | None = None  # the first put that failed: later ones are not begun
+
+    def add(self, chunk: list) -> None:
+        """Prepare a chunk (while the ones before are put) and queue its puts."""
+        n = len(self._shards)
+        step = PUT_DOCS * n
+        for start in range(0, len(chunk), step):
+            c = prepare(chunk[start : start + step], self._limits, n)
+            while len(self._chunks) >= IN_FLIGHT:
+                self._finish_first()
+            if self._failed is not None:
+                raise self._failed
+            for s, items in enumerate(c.per_shard):
+                if items:
+                    if self._indexer is None:
+                        c.puts.append((s, _Done(self._put, s, items, c.generated)))
+                    else:
+                        c.puts.append((s, self._indexer.submit(self._put, s, items, c.generated)))
+            self._chunks.append(c)
+            self._hand_over()
+
+    def drain(self) -> None:
+        """Wait for every chunk added; the first failure is raised (after all stopped)."""
+        while self._chunks:
+            self._finish_first()
+        if self._failed is not None:
+            raise self._failed
+
+    def _put(self, s: int, items: list, generated: set[int]):
+        """On the indexer thread: one shard's part of a chunk, unless a put failed before."""
+        if self._failed is not None:
+            return None
+        try:
+            return self._shards[s].put_many(items, generated)
+        except BaseException as e:
+            self._failed = e
+            raise
+
+    def _finish_first(self) -> None:
+        """Wait for the oldest chunk's puts, take their results, and hand it to ``done``."""
+        c = self._chunks.pop(0)
+        for _, put in c.puts:
+            try:
+                got = put.result()
+            except BaseException:  # (kept in _failed: drain or add raises it)
+                continue
+            if got is None:
+                continue
+            errors, replaced, items = got
+            c.replaced.extend(replaced)
+            for idx, e in errors:
+                c.error(idx, c.ids.get(idx), e)
+            for idx, _, _, raw, off in items:
+                if off >= 0:
+                    c.sizes[idx] = len(raw)
+        c.puts = []
+        if self._failed is None:
+            self._done(c)
+
+    def _hand_over(self) -> None:
+        """Hand over the chunks at the front whose puts are done, without waiting."""
+        while self._chunks and all(put.done() for _, put in self._chunks[0].puts):
+            self._finish_first()
+
+
+class _Done:
+    """A call made at once, shaped as the future an executor returns."""
+
+    __slots__ = ("_value", "_error")
+
+    def __init__(self, fn, *args):
+        self._value = self._error = None
+        try:
+            self._value = fn(*args)
+        except BaseException as e:
+            self._error = e
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
