@@ -6,8 +6,8 @@
 A fixed working set of N RockBench events (``rtindex.datagen``, ids ``ev-0`` ..
 ``ev-{N-1}``) is loaded into a fresh database (``--shards`` shards, default options) and
 ``flush()``-ed; then the same ``_id``s are rewritten R times, every other field changed
-from one round to the next (issue 8, requirement 2: "under sustained upserts of a fixed
-working set the on-disk size stays within 2x of the size right after one clean load").
+from one round to the next (the target: under sustained upserts of a fixed working set, the
+on-disk size stays within 2x of the size right after one clean load).
 
 Input: ``--variants`` (default 4) versions of the working set are generated in memory
 before anything is timed, one per seed, same ids; the load uses version 0 and round r
@@ -38,7 +38,7 @@ Measured:
   overlap, so at --quick size it is slower per document than the churn that follows.
   ``fresh_disk_mb`` is what keeping every version would cost.
 
-Targets (issue 8), with a PASS/FAIL line for each on stderr:
+Targets, with a PASS/FAIL line for each on stderr:
 * disk after churn within 2x of after load: ``disk_ratio <= 2.0``;
 * SST files bounded: read here as ``sst_files_after_churn <= 2 x sst_files_after_load``
   (the count also appears per round, so growth without bound is visible);

@@ -3,9 +3,9 @@
 
     python benchmarks/http_path.py [--quick] [--requests N]
 
-Issue 9, requirement 1. The query process's app (server/query_app.py) is driven directly
-through ASGI, with no sockets and no HTTP parsing, so what is measured is what differs
-between the two paths: auth, admission, routing, body reading, validation and the reply.
+The query process's app (server/query_app.py) is driven directly through ASGI, with no
+sockets and no HTTP parsing, so what is measured is what differs between the two paths:
+auth, admission, routing, body reading, validation and the reply.
 ``lean`` sends ``POST /v1/query`` (and ``/v1/noop``) straight to the query service behind
 the pure-ASGI admission layer. ``fastapi`` builds the same app with ``lean=False``, so
 those routes go through FastAPI's router, its pydantic body model and its Response. Both

@@ -8,7 +8,7 @@ generated RockBench events (made on the fly, never held: the RSS is rtindex's), 
 every document once in chunks (``Snapshot.fetch``: fills the row cache and RocksDB's block
 cache) and run a GROUP BY over the column store. Reported: RSS after import, after the
 ingest, and at its peak; ingest seconds, and the seconds of the reads. ``old`` is the
-defaults before issue 10 (256 MiB for the block cache, the write buffers and the row cache;
+earlier, larger defaults (256 MiB for the block cache, the write buffers and the row cache;
 96 MiB seal_bytes); the ``old, ...`` runs change one of them; ``defaults`` is today's.
 The last line is JSON.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MIB = 1 << 20
-# the defaults before issue 10
+# the earlier, larger defaults
 OLD = {"block_cache_bytes": 256 * MIB, "write_buffer_bytes": 256 * MIB, "row_cache_bytes": 256 * MIB,
        "seal_bytes": 96 * MIB}
 RUNS = {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""rtindex's SQL on SQLite's public sqllogictest suite (issue 11's outside check).
+"""rtindex's SQL on SQLite's public sqllogictest suite: an outside check of its answers.
 
     python benchmarks/sqllogic_suite.py [--suite DIR_OR_GITDIR] [--files GLOB ...] [--quick]
                                         [--limit-queries N] [--paths] [--examples K]
@@ -15,7 +15,7 @@ first file of each kind under ``test/random/``: about 130,000 query records, ~45
 (every data statement still runs, so the tables are the file's); ``--quick`` is 40 per file,
 which finishes in about a minute on a shared 2-core machine. ``--paths`` also runs each
 query with ``access="index"`` and ``access="scan"`` and reports where a forced path's
-result differs from the default path's (issue 11: the same rows on every path; compared as
+result differs from the default path's (every path must give the same rows; compared as
 sorted rows when the query has no ORDER BY). The suite's files are read, never copied.
 
 How a file runs. DuckDB holds the tables and rtindex follows them: each data statement

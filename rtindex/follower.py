@@ -3,8 +3,11 @@
 It sleeps on the database's wake-up word (rtindex/notify.py), which the writer rings after
 every change a reader must act on: deletes, a new mutable segment, a seal or merge, a
 restart. Then it refreshes each shard whose signal says its structure changed (rows alone
-need nothing: reads see them through the mutable segments' published row counts), and every
-``SYNC_EVERY`` it also looks for collections created or dropped by the writer. A shard whose
+need nothing: reads see them through the mutable segments' published row counts). Every
+``SYNC_EVERY`` it also looks for collections created or dropped by the writer, and catches
+each shard up with the writer's RocksDB (``ShardReader.keep_up``): RocksDB holds the GIL
+while it replays the writer's log, so small regular catch-ups stall reads less than one
+large one at the next seal. A shard whose
 writer had not published what it wrote yet is tried again after ``RETRY``. A failure (the
 writer mid-restart, a segment file removed under a reader that fell far behind) is kept in
 ``last_error`` and tried again: the replica serves its last good state meanwhile.
@@ -63,6 +66,8 @@ class Follower:
                     if sync:
                         self.sync_collections()
                     pending = self._refresh(force=False)
+                    if sync:
+                        self._keep_up()
                 self.last_error = None
             except ClosedError:
                 if self._stop.is_set():
@@ -81,6 +86,12 @@ class Follower:
                 shard.refresh(force=force)
                 pending = pending or shard.pending
         return pending
+
+    def _keep_up(self) -> None:
+        for coll in list(self._db._collections.values()):
+            for shard in coll._shards:
+                shard.keep_up()
+                time.sleep(0)  # a catch-up holds the GIL: let waiting reads run between shards
 
     def refresh_all(self) -> None:
         """Catch up everything now (Database.refresh)."""

@@ -55,6 +55,7 @@ class ShardReader(Shard):
         self._mems: dict[tuple[int, int], MemSegment] = {}  # (base, file id) -> the writer's mutable segment
         self._applied: tuple | None = None  # the signal's structural part as of the last refresh
         self._applied_count = 0  # the writer's change counter as of the last refresh
+        self._caught_up = 0  # the writer's change counter as of the last catch-up with RocksDB
         self._applied_at = 0.0  # wall time the last refresh started: everything written before is in
         self._live: tuple = (None, 0, None)  # (state it extends, next row id, the state made): current()'s last
         self._basis: tuple[ShardState, int] = (ShardState((), 0), -1)  # the last refresh's state, its log sequence
@@ -91,7 +92,14 @@ class ShardReader(Shard):
                 self._applied_at = started
                 self.pending = False
                 return False
+            if not force and self._rotated(sig):
+                self._applied = self._structure(sig)
+                self._applied_count = sig[0]
+                self._applied_at = started
+                self.pending = False
+                return True
             self.store.catch_up()
+            self._caught_up = sig[0]
             self.pending = not self._apply(sig)
             if self.pending:
                 return False
@@ -99,6 +107,17 @@ class ShardReader(Shard):
             self._applied_count = sig[0]
             self._applied_at = started
             return True
+
+    def keep_up(self) -> None:
+        """Catch up with the writer's RocksDB if it wrote since the last time, so that the
+        catch-up of a refresh replays little: RocksDB holds the GIL while it replays."""
+        with self._refresh_lock:
+            if self.closed:
+                return
+            sig = self._watch.read()
+            if sig is not None and sig[0] != self._caught_up:
+                self.store.catch_up()
+                self._caught_up = sig[0]
 
     @property
     def state(self) -> ShardState:
@@ -149,6 +168,53 @@ class ShardReader(Shard):
         if not behind and self._structure(sig) == self._applied:
             return {"rows": 0, "ms": 0.0}
         return {"rows": behind, "ms": max((time.time() - self._applied_at) * 1000.0, 0.0)}
+
+    def _rotated(self, sig: tuple) -> bool:
+        """Follow a writer that only started new mutable segments since the last refresh
+        (nothing sealed, merged or deleted): map them after the current ones, without
+        catching up with RocksDB. A writer starts one once the previous is full, so the
+        previous one's published rows are final and the new one starts right after them.
+        False: the change is more than that (a full refresh)."""
+        if self._applied is None:
+            return False
+        generation, log_seq, writer, tails = self._structure(sig)
+        old_gen, old_seq, old_writer, old_tails = self._applied
+        if ((generation, log_seq, writer) != (old_gen, old_seq, old_writer)
+                or len(tails) <= len(old_tails) or tuple(tails[:len(old_tails)]) != tuple(old_tails)):
+            return False
+        st, seq = self._basis
+        if not st.views or st.views[-1].sealed:
+            return False
+        views = list(st.views)
+        last = views[-1]
+        rows, last_seq = last.seg.builder.published
+        if last_seq != seq:
+            return False
+        views[-1] = View(last.seg, rows, last.deleted)
+        next_row = last.base + rows
+        mapped = {}
+        for base, fid in tails[len(old_tails):]:
+            if base != next_row:
+                return False
+            try:
+                mem = MemSegment(SegmentBuilder.attach(tail_path(self.path, base, fid)))
+            except FileNotFoundError:
+                return False  # sealed and removed already: a full refresh
+            n, mem_seq = mem.builder.published
+            if n and mem_seq != seq:
+                return False  # rows written after deletes this replica has not applied
+            mapped[(base, fid)] = mem
+            views.append(View(mem, n, FrozenBitMap()))
+            next_row = base + n
+        state = ShardState(tuple(views), next_row)
+        with self._live_lock:
+            if self._basis[0] is not st:
+                return False
+            self._basis = (state, seq)
+            self._served = max(self._served, next_row)
+        self._mems.update(mapped)
+        self._set_state(state)
+        return True
 
     def _apply(self, sig: tuple) -> bool:
         prev = self._stored

@@ -1,7 +1,7 @@
 """Database: what open() accepts and refuses, the writer lock, manifests, and IngestStats.
 
 Each test here was a way to lose or corrupt data silently, found by using rtindex as a new
-user would (issue 8, "data safety at open"): it must fail loudly, naming what is wrong.
+user would: it must fail loudly, naming what is wrong.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Failure atomicity (issue 8, requirement 1): a storage fault at every storage call.
+"""Failure atomicity: a storage fault at every storage call.
 
 A *scenario* is a fixed sequence of operations (ingests of new ids and upserts, an ``_id``
 twice in one batch, deletes, a patch, flushes) on a database with tiny segments

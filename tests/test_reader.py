@@ -1,4 +1,4 @@
-"""Live read replicas (issue 8, requirement 3): ``rtindex.open(path, role="reader")``.
+"""Live read replicas: ``rtindex.open(path, role="reader")``.
 
 1. In one process: a reader follows a writer of the same directory (rows, upserts, deletes,
    patches, collections created and dropped, seals and merges); writes through it raise

@@ -10,7 +10,7 @@ the documented dialect, runs each with ``access="index"`` and ``access="scan"`` 
 the rows and the Python type of every value (or the error both raise). The collections hold
 no arrays or objects, so the scan can answer every generated query and both paths must run
 (a forced path that cannot run is reported by ``Result.access``; :func:`both` leaves it out).
-The first tests are the regressions of issue 11, spelled out.
+The first tests are regressions, each a wrong answer a path once gave, spelled out.
 """
 
 from __future__ import annotations
