@@ -223,11 +223,11 @@ class Collection:
             stats.replaced.extend(c.replaced)
             stats.doc_ids.update(c.ids)
             total = 0
-            for idx, doc_id in c.ids.items():  # input order (a dict keeps it): the later version wins
-                size = c.sizes.get(idx)
-                if size is not None:
-                    written[documents.encode_id(doc_id)] = (doc_id, size)
-                    total += size
+            ids = c.ids
+            c.stored.sort()  # input order: the later version of an _id wins, and ids come out in order
+            for idx, id_key, size in c.stored:
+                written[id_key] = (ids[idx], size)
+                total += size
             bar.update(len(c.ids) + len(c.errors), total, len(stats.errors), source.tell() if source.tell else None)
 
         pipe = ingest.Pipeline(self._shards, limits, self._runtime.indexer, done)

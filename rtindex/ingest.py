@@ -94,7 +94,7 @@ class Chunk:
     ids: dict[int, Any]  # input index -> _id, of each document routed to a shard
     errors: list[ItemError] = field(default_factory=list)
     replaced: list[int] = field(default_factory=list)
-    sizes: dict[int, int] = field(default_factory=dict)  # input index -> bytes stored
+    stored: list[tuple[int, bytes, int]] = field(default_factory=list)  # (input index, id key, bytes) stored
     lines: set[int] = field(default_factory=set)  # input indices of NDJSON lines (their errors name the line)
     puts: list = field(default_factory=list)  # (shard, its put under way: a future)
 
@@ -274,9 +274,7 @@ class Pipeline:
             c.replaced.extend(replaced)
             for idx, e in errors:
                 c.error(idx, c.ids.get(idx), e)
-            for idx, _, _, raw, off in items:
-                if off >= 0:
-                    c.sizes[idx] = len(raw)
+            c.stored.extend((idx, id_key, len(raw)) for idx, id_key, _, raw, off in items if off >= 0)
         c.puts = []
         if self._failed is None:
             self._done(c)
