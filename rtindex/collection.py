@@ -230,7 +230,7 @@ class Collection:
                 total += size
             bar.update(len(c.ids) + len(c.errors), total, len(stats.errors), source.tell() if source.tell else None)
 
-        pipe = ingest.Pipeline(self._shards, limits, self._runtime.indexer, done)
+        pipe = ingest.Pipeline(self._shards, limits, self._runtime.indexers, done)
         try:
             with source, CtrlC() as ctrl_c, ingest.ingest_mode():
                 try:

@@ -63,6 +63,9 @@ MARKER = "rtindex.json"  # {"format": FORMAT, "created_by": "rtindex <version>"}
 FORMAT = 2
 LOCK_FILE = "writer.lock"
 MAX_SHARDS = 1024
+# Threads that index and write shards' parts of an ingest: while one holds the GIL to write
+# RocksDB, another indexes without it (one more than that finds no free core on 2).
+INDEXER_THREADS = 2
 # Memory defaults: sized for a laptop beside a notebook (a demo session peaks near 400 MB);
 # docs/benchmarks.md ("Memory defaults") has what each costs, docs/reference.md when to raise it
 BLOCK_CACHE_BYTES = 64 << 20
@@ -298,7 +301,8 @@ class Database:
             return
         self._runtime.sealer = Worker("sealer")
         self._runtime.merger = Worker("merger")
-        self._runtime.indexer = ThreadPoolExecutor(1, thread_name_prefix="rtindex-indexer")
+        self._runtime.indexers = tuple(ThreadPoolExecutor(1, thread_name_prefix=f"rtindex-indexer-{i}")
+                                       for i in range(INDEXER_THREADS))
         try:
             if kind == "new":
                 try:
@@ -577,8 +581,8 @@ class Database:
                 for worker in (self._runtime.sealer, self._runtime.merger):
                     if worker is not None:
                         worker.stop()
-                if self._runtime.indexer is not None:
-                    self._runtime.indexer.shutdown()
+                for indexer in self._runtime.indexers:
+                    indexer.shutdown()
             finally:
                 # last, once every shard is closed; and always, even when closing failed, so
                 # that this process can open the database again

@@ -1,15 +1,17 @@
 """The write path of ``Collection.ingest``: documents prepared on the calling thread, then
-indexed, stored and published on the database's indexer thread, so that both cores work.
+indexed, stored and published on the database's indexer threads, so that both cores work.
 
 A chunk of documents goes through two stages:
 1. **prepare** (calling thread): each document identified (``_id`` and ``_event_time``
    filled in where missing), serialized to the JSON bytes the row store keeps (text input
    is kept as it came: read, not parsed), and routed to its shard;
-2. **put** (indexer thread, one shard's part at a time, in order): the bytes indexed into
-   the shard's mutable segment in one compiled pass without the GIL, the rows written to
-   RocksDB in one atomic write, and published (``ShardWriter.put_many``).
+2. **put** (shard s on indexer thread s % 2, so one shard's puts stay in order while
+   another shard's run beside them): the bytes indexed into the shard's mutable segment in
+   one compiled pass without the GIL, the rows written to RocksDB in one atomic write, and
+   published (``ShardWriter.put_many``). RocksDB holds the GIL while it writes; the other
+   indexer thread indexes meanwhile.
 
-While the indexer thread puts chunk k, the calling thread prepares chunk k+1; at most
+While the indexer threads put chunk k, the calling thread prepares chunk k+1; at most
 ``IN_FLIGHT`` chunks are under way. A chunk is visible once its puts are done, whatever
 the caller does meanwhile (a streamed input may wait for more data); ``ingest()`` returns
 after the last. After a put fails, the puts queued behind it are not begun.
@@ -216,10 +218,10 @@ class Pipeline:
     raises the first failure). Finished chunks go to ``done`` in order, one at a time.
     """
 
-    def __init__(self, shards: list, limits: Limits, indexer, done):
+    def __init__(self, shards: list, limits: Limits, indexers: tuple, done):
         self._shards = shards
         self._limits = limits
-        self._indexer = indexer
+        self._indexers = indexers  # empty: put on the calling thread
         self._done = done
         self._chunks: list[Chunk] = []  # added and not yet handed to done, in order
         self._failed: BaseException | None = None  # the first put that failed: later ones are not begun
@@ -236,10 +238,11 @@ class Pipeline:
                 raise self._failed
             for s, items in enumerate(c.per_shard):
                 if items:
-                    if self._indexer is None:
+                    if not self._indexers:
                         c.puts.append((s, _Done(self._put, s, items, c.generated)))
                     else:
-                        c.puts.append((s, self._indexer.submit(self._put, s, items, c.generated)))
+                        indexer = self._indexers[s % len(self._indexers)]
+                        c.puts.append((s, indexer.submit(self._put, s, items, c.generated)))
             self._chunks.append(c)
             self._hand_over()
 

@@ -35,7 +35,9 @@ class Runtime:
     merger: Worker | None = None
     secondary_root: str | None = None  # a reader's: where its RocksDB secondaries keep their own files
     wake: Wake | None = None  # the database's wake-up word (the writer rings it, readers wait on it)
-    indexer: Any = None  # the writer's indexer thread (an executor): ingest indexes there, beside the caller
+    # the writer's indexer threads (single-thread executors): ingest indexes and writes shard s
+    # on indexers[s % len(indexers)], so one shard's puts stay in order while another's run
+    indexers: tuple = ()
 
     @property
     def reader(self) -> bool:

@@ -120,7 +120,7 @@ def test_a_long_text_is_refused_by_its_length(tmp_path):
 
 
 # -- the pipeline ------------------------------------------------------------------------------
-def test_puts_run_on_the_indexer_thread_in_order_and_the_caller_prepares_meanwhile(db, monkeypatch):
+def test_puts_run_on_the_indexer_threads_in_order_and_the_caller_prepares_meanwhile(db, monkeypatch):
     c = db.create_collection("c", shards=2)
     seen = []
     for shard in c._shards:
@@ -133,7 +133,8 @@ def test_puts_run_on_the_indexer_thread_in_order_and_the_caller_prepares_meanwhi
         monkeypatch.setattr(shard, "put_many", spy)
     st = c.ingest([{"_id": i} for i in range(4000)], batch_size=500)
     assert st.n == 4000 and len(c) == 4000
-    assert {name for name, _, _ in seen} == {"rtindex-indexer_0"}
+    # shard s always on indexer s % 2: the two shards' puts overlap, each shard's stay in order
+    assert {(name, s) for name, s, _ in seen} == {("rtindex-indexer-0_0", 0), ("rtindex-indexer-1_0", 1)}
     for s in (0, 1):  # each shard's puts in input order
         firsts = [first for _, shard, first in seen if shard == s]
         assert firsts == sorted(firsts)
