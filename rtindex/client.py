@@ -100,6 +100,7 @@ from rtindex.errors import (
     FenceError,
     NotFoundError,
     OverloadedError,
+    QueryTimeoutError,
     RtindexError,
     SchemaError,
     SqlError,
@@ -125,11 +126,6 @@ EVENT_TIME = ("_event_time",)
 class RequestError(RtindexError, ValueError):
     """The server refused a request as invalid (400, 413, 422): the message says why and
     ``limit`` names the server limit it went over (None when it was not a limit)."""
-
-
-class QueryTimeoutError(RtindexError, TimeoutError):
-    """A query ran past its ``timeout_ms`` on the server (408), or no reply came within the
-    client's ``timeout``."""
 
 
 def connect(url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3) -> "RemoteDatabase":

@@ -485,15 +485,21 @@ class Database:
             except OSError as e:
                 raise StorageError(f"cannot remove {coll.path}: {e}") from e
 
-    def sql(self, sql: str, params: Any = None, *, access: str | None = None) -> Result:
+    def sql(self, sql: str, params: Any = None, *, access: str | None = None,
+            timeout_ms: float | None = None) -> Result:
         """Run one SELECT over a collection; see docs/sql.md for the dialect.
 
         ``params`` binds ``:name`` placeholders (a dict) or ``?`` placeholders (a list);
         values are never spliced into the text. ``access`` forces the "index" or "scan" path
-        when the query can run on it (``Result.access`` tells which ran). Raises SqlError.
+        when the query can run on it (``Result.access`` tells which ran). ``timeout_ms``: the
+        query's DuckDB work is interrupted that long after the call and QueryTimeoutError
+        raised (its CPU is free again at once). Raises SqlError.
         """
         self._check()
-        return self._sql.sql(sql, params, access)
+        if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float))
+                                       or not timeout_ms > 0):
+            raise ValueError(f"timeout_ms must be a positive number of milliseconds or None, not {timeout_ms!r}")
+        return self._sql.sql(sql, params, access, timeout_ms)
 
     def explain(self, sql: str, params: Any = None, *, access: str | None = None) -> Plan:
         """The access path :meth:`sql` would choose, and the numbers behind the choice

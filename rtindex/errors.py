@@ -102,6 +102,12 @@ class SqlError(RtindexError, ValueError):
         super().__init__(message + where)
 
 
+class QueryTimeoutError(RtindexError, TimeoutError):
+    """A query ran past its ``timeout_ms`` and was stopped (embedded: its DuckDB work is
+    interrupted and freed; served: the server answered 408), or no reply came within a
+    client's ``timeout``."""
+
+
 class UnsupportedSqlError(SqlError):
     """Valid SQL that rtindex does not run (yet): the message names the construct."""
 

@@ -45,6 +45,9 @@ log = logging.getLogger("rtindex.server")
 QUERY_PATHS = {"/v1/query", "/v1/orgs/self/queries", "/v1/noop"}
 OPEN_PATHS = {"/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
 MAX_QUERY_BODY = 1 << 20  # SQL text plus parameters
+# seconds past timeout_ms before a query still running is answered 408 anyway: DuckDB's
+# part stops at timeout_ms, the rest (index lookups, fetching rows) cannot be interrupted
+OVERRUN_GRACE = 0.25
 
 
 class QueryBody(BaseModel):
@@ -112,9 +115,11 @@ class QueryService:
         if min_fence is not None:
             await self._wait_fence(min_fence, deadline, timeout_ms)
         staleness_ms = self.db.lag()["ms"]
-        fut = asyncio.get_running_loop().run_in_executor(self.pool, self._execute, sql, params, arrow)
-        try:
-            body, res, n = await asyncio.wait_for(asyncio.shield(fut), max(deadline - time.perf_counter(), 0))
+        left_ms = max((deadline - time.perf_counter()) * 1000.0, 1.0)
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, self._execute, sql, params, arrow, timeout_ms,
+                                                         left_ms)
+        try:  # the query's own limit answers first (its thread free); this one, if the rest overran
+            body, res, n = await asyncio.wait_for(asyncio.shield(fut), left_ms / 1000.0 + OVERRUN_GRACE)
         except asyncio.TimeoutError:
             metrics.QUERY_TIMEOUTS.inc()
             return 408, b"application/json", HttpError(
@@ -143,10 +148,15 @@ class QueryService:
         except rtindex.FenceError as e:
             raise HttpError(400, "BadRequest", str(e)) from None
 
-    def _execute(self, sql: str, params: Any, arrow: bool) -> tuple[bytes, rtindex.Result, int]:
-        """In a worker thread: the query, and its rows serialized (the event loop stays free)."""
+    def _execute(self, sql: str, params: Any, arrow: bool, timeout_ms: int,
+                 left_ms: float) -> tuple[bytes, rtindex.Result, int]:
+        """In a worker thread: the query, and its rows serialized (the event loop stays free).
+        Its DuckDB work is interrupted ``left_ms`` from now, so the thread is free again then."""
         try:
-            res = self.db.sql(sql, params)
+            res = self.db.sql(sql, params, timeout_ms=left_ms)
+        except rtindex.QueryTimeoutError:
+            metrics.QUERY_TIMEOUTS.inc()
+            raise HttpError(408, "Timeout", f"the query ran past timeout_ms={timeout_ms}", limit="timeout_ms") from None
         except rtindex.NotFoundError as e:
             raise HttpError(404, "NotFound", e.args[0] if e.args else str(e)) from None
         except rtindex.SqlError as e:

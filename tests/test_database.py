@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import orjson
 import pytest
@@ -297,3 +298,20 @@ def test_a_rejected_later_version_leaves_the_earlier_one_counted(db):
     assert [e.index for e in stats.errors] == [1]
     assert (stats.n, stats.ids) == (1, [7]) and c.get(7)["v"] == 1
     assert stats.bytes == len(orjson.dumps(c.get(7)))
+
+
+def test_a_query_past_timeout_ms_stops(tmp_path):
+    with rtindex.open(tmp_path / "db") as db:
+        c = db.create_collection("c", shards=1)
+        c.ingest([{"_id": i, "v": i} for i in range(200)])
+        t0 = time.monotonic()
+        with pytest.raises(rtindex.QueryTimeoutError, match="timeout_ms=300"):
+            db.sql("SELECT COUNT(*) AS n FROM c a1, c a2, c a3, c a4, c a5, c a6", timeout_ms=300)
+        assert time.monotonic() - t0 < 2.0
+        c0 = time.process_time()
+        time.sleep(0.3)
+        assert time.process_time() - c0 < 0.1  # nothing of it runs on
+        assert db.sql("SELECT COUNT(*) AS n FROM c", timeout_ms=1000).rows() == [{"n": 200}]
+        for bad in (0, -5, "100", True):
+            with pytest.raises(ValueError, match="timeout_ms"):
+                db.sql("SELECT 1 AS x FROM c", timeout_ms=bad)

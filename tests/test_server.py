@@ -231,6 +231,26 @@ def test_limits_and_bad_requests_are_clear(served, admin):
     assert r.status_code == 408 and r.json()["limit"] == "timeout_ms"
 
 
+def test_a_timed_out_query_stops_and_frees_its_slot(tmp_path):
+    """A query past timeout_ms is answered 408 and stopped: the next ones are admitted and
+    answered at once (its DuckDB work does not hold the only query slot)."""
+    s = Served(str(tmp_path / "db"), "--max-concurrent-queries", "1", "--max-queued-queries", "0")
+    try:
+        with s.client() as c:
+            c.post("/v1/collections", json={"name": "c", "shards": 1})
+            c.post("/v1/collections/c/docs", json=[{"_id": i, "v": i} for i in range(200)])
+            cross = "SELECT COUNT(*) AS n FROM c a1, c a2, c a3, c a4, c a5, c a6"
+            for _ in range(3):
+                t0 = time.perf_counter()
+                r = c.post("/v1/query", json={"sql": cross, "timeout_ms": 300})
+                assert r.status_code == 408 and r.json()["limit"] == "timeout_ms", r.text
+                assert time.perf_counter() - t0 < 3.0
+                r = c.post("/v1/query", json={"sql": "SELECT COUNT(*) AS n FROM c"})
+                assert r.status_code == 200 and r.json()["rows"] == [{"n": 200}], r.text
+    finally:
+        assert s.stop() == 0
+
+
 def test_rockset_surface_as_rockbench_uses_it(served):
     """The requests RockBench (DESTINATION=Rockset) makes, byte for byte in shape."""
     h = {"Authorization": f"ApiKey {served.admin_key}", "Content-Type": "application/json"}

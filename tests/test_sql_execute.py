@@ -15,8 +15,8 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from rtindex.errors import ClosedError, SqlError
-from rtindex.sql.execute import DuckEngine
+from rtindex.errors import ClosedError, QueryTimeoutError, SqlError
+from rtindex.sql.execute import DuckEngine, time_limit
 
 
 @pytest.fixture
@@ -239,6 +239,62 @@ def test_close_interrupts_a_running_query():
     th.join(timeout=30)
     assert not th.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], ClosedError)
+
+
+LONG = "SELECT count(*) FROM range(1000000000000) t(x) WHERE x % 7 = 3"
+
+
+def _cpu_seconds_over(seconds: float) -> float:
+    """This process's CPU time (every thread) over the next ``seconds`` of wall time."""
+    c0 = time.process_time()
+    time.sleep(seconds)
+    return time.process_time() - c0
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_query_past_its_time_limit_stops_and_frees_its_cpu(engine, streamed):
+    t0 = time.monotonic()
+    with pytest.raises(QueryTimeoutError, match="timeout_ms=200"):
+        with time_limit(200):
+            if streamed:
+                for _ in engine.stream(LONG, {}, batch_rows=1):
+                    pass
+            else:
+                engine.run(LONG, {})
+    took = time.monotonic() - t0
+    assert 0.2 <= took < 0.2 + 0.5, took
+    assert _cpu_seconds_over(0.3) < 0.1  # DuckDB's threads stopped with it
+    assert engine.run("SELECT 42 AS x", {}).to_pylist() == [{"x": 42}]  # the engine goes on
+
+
+def test_time_limits_are_per_thread_and_end_with_their_block(engine):
+    """One thread's limit never stops another's query; a query after the block has none."""
+    errors: list[Exception] = []
+
+    def limited() -> None:
+        try:
+            with time_limit(100):
+                engine.run(LONG, {})
+        except Exception as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=limited)
+    th.start()
+    with time_limit(60_000):
+        assert engine.run("SELECT count(*) AS n FROM range(3000000)", {}).to_pylist() == [{"n": 3000000}]
+    th.join(timeout=30)
+    assert len(errors) == 1 and isinstance(errors[0], QueryTimeoutError)
+    with time_limit(50):
+        pass
+    time.sleep(0.1)
+    assert engine.run("SELECT count(*) AS n FROM range(10)", {}).to_pylist() == [{"n": 10}]
+
+
+def test_a_time_limit_spent_before_the_query_starts_refuses_it(engine):
+    with time_limit(1):
+        time.sleep(0.01)
+        with pytest.raises(QueryTimeoutError):
+            engine.run("SELECT 1", {})
 
 
 def test_bad_sizes_are_value_errors():

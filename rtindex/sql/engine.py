@@ -35,7 +35,7 @@ from rtindex.rowcache import copy_json, json_bytes
 from rtindex.segments import OverBudget
 from rtindex.sql import frames, messages, small, typed
 from rtindex.sql import predicates as P
-from rtindex.sql.execute import DuckEngine, OutputTooLarge
+from rtindex.sql.execute import DuckEngine, OutputTooLarge, time_limit
 from rtindex.sql.multi import MultiExecution, access_of, reference_lines
 from rtindex.sql.parse import PlanCache, Query
 from rtindex.sql.sources import MultiQuery
@@ -141,7 +141,12 @@ class SqlEngine:
                 self._duck.close()
 
     # ------------------------------------------------------------------------------
-    def sql(self, text: str, params: Any = None, access: str | None = None) -> Result:
+    def sql(self, text: str, params: Any = None, access: str | None = None, timeout_ms: float | None = None) -> Result:
+        """Run one query; its DuckDB work stops ``timeout_ms`` from now (QueryTimeoutError)."""
+        with time_limit(timeout_ms):
+            return self._sql(text, params, access)
+
+    def _sql(self, text: str, params: Any, access: str | None) -> Result:
         t0 = time.perf_counter()
         q = self._plans.get(text)
         if isinstance(q, MultiQuery):

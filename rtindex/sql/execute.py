@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 import duckdb
 import pyarrow as pa
 
-from rtindex.errors import ClosedError, RtindexError, SqlError
+from rtindex.errors import ClosedError, QueryTimeoutError, RtindexError, SqlError
 from rtindex.sql import messages
 
 CHECKED_STATEMENTS = 1024  # parsed-and-checked statements kept, by SQL text
 READ_BATCH_ROWS = 65_536  # rows per batch when a result is read in batches (DuckDB makes 2,048 at a time)
+# seconds between interrupts of a query past its deadline: one that comes before DuckDB
+# starts the query is lost, so it is sent again until the query is out
+INTERRUPT_AGAIN = 0.01
 
 # the user's SQL text, and internal name -> the user's words for it (Result errors name those)
 QueryContext = tuple[str, Mapping[str, str]]
@@ -52,6 +57,25 @@ _LOCKDOWN = (
     "SET disabled_filesystems = 'LocalFileSystem'",
     "SET lock_configuration = true",
 )
+
+
+_limit = threading.local()  # this thread's (deadline, timeout_ms), see time_limit()
+
+
+@contextmanager
+def time_limit(timeout_ms: float | None) -> Iterator[None]:
+    """DuckDB queries this thread runs inside stop ``timeout_ms`` after it is entered: the
+    engine interrupts them then, and they raise QueryTimeoutError (None: no limit)."""
+    before = getattr(_limit, "at", None)
+    _limit.at = None if timeout_ms is None else (time.monotonic() + timeout_ms / 1000.0, timeout_ms)
+    try:
+        yield
+    finally:
+        _limit.at = before
+
+
+def _timeout_error(timeout_ms: float) -> QueryTimeoutError:
+    return QueryTimeoutError(f"the query ran past timeout_ms={timeout_ms:g} and was stopped")
 
 
 class OutputTooLarge(Exception):
@@ -87,6 +111,11 @@ class DuckEngine:
         # SQL text -> its one checked SELECT statement: the SQL layer runs the same few texts
         # over and over, and parsing one again costs as much as a small query's execution
         self._checked: OrderedDict[str, duckdb.Statement] = OrderedDict()
+        # cursor -> (deadline, timeout_ms) of the queries run under time_limit(); a watchdog
+        # thread (started with the first) interrupts them at their deadline
+        self._deadlines: dict[duckdb.DuckDBPyConnection, tuple[float, float]] = {}
+        self._timed_out: set[duckdb.DuckDBPyConnection] = set()
+        self._watchdog: threading.Thread | None = None
         _OPEN.add(self)
 
     def run(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None,
@@ -115,7 +144,7 @@ class DuckEngine:
                 raise OutputTooLarge(reader.schema.names, rows, size)
             return pa.Table.from_batches(kept, schema=reader.schema)
         except (duckdb.Error, OSError, pa.ArrowException) as e:
-            raise self._error(e, sql, query) from e
+            raise self._error(e, sql, query, cursor) from e
         finally:
             self._close_cursor(cursor, self._running)
 
@@ -129,9 +158,10 @@ class DuckEngine:
         try:
             reader = self._relation(cursor, sql, tables, params).to_arrow_reader(batch_rows)
         except BaseException as e:
+            error = self._error(e, sql, query, cursor) if isinstance(e, duckdb.Error) else None
             self._close_cursor(cursor, self._streams)
-            if isinstance(e, duckdb.Error):
-                raise self._error(e, sql, query) from e
+            if error is not None:
+                raise error from e
             raise
 
         def batches() -> Iterator[pa.RecordBatch]:
@@ -144,7 +174,7 @@ class DuckEngine:
                     except StopIteration:
                         return
                     except (duckdb.Error, OSError, pa.ArrowException) as e:  # Arrow's reader: OSError
-                        raise self._error(e, sql, query) from e
+                        raise self._error(e, sql, query, cursor) from e
                     yield batch
             finally:
                 self._close_cursor(cursor, self._streams)
@@ -157,15 +187,40 @@ class DuckEngine:
             # A cursor is a connection of its own to the same database (and config):
             # safe to use from this thread while others use theirs, and the views
             # register() makes are temporary to it, so names never meet across calls.
+            limit = getattr(_limit, "at", None)
+            if limit is not None and time.monotonic() >= limit[0]:
+                raise _timeout_error(limit[1])
             cursor = self._con.cursor()
             registry.add(cursor)
+            if limit is not None:
+                self._deadlines[cursor] = limit
+                if self._watchdog is None:
+                    self._watchdog = threading.Thread(target=self._watch, name="rtindex-sql-deadlines", daemon=True)
+                    self._watchdog.start()
+                self._cond.notify_all()
             return cursor
 
     def _close_cursor(self, cursor: duckdb.DuckDBPyConnection, registry: set) -> None:
         with self._cond:  # so close() never interrupts a closed cursor (that raises)
             cursor.close()  # drops the registered views with it
             registry.discard(cursor)
+            self._deadlines.pop(cursor, None)
+            self._timed_out.discard(cursor)
             self._cond.notify_all()
+
+    def _watch(self) -> None:
+        """The watchdog thread: interrupt each query at its deadline (and again until it is out)."""
+        with self._cond:
+            while self._con is not None:
+                now = time.monotonic()
+                wait = None
+                for cursor, (at, _) in self._deadlines.items():
+                    if at <= now:
+                        self._timed_out.add(cursor)
+                        cursor.interrupt()
+                        at = now + INTERRUPT_AGAIN
+                    wait = at - now if wait is None else min(wait, at - now)
+                self._cond.wait(wait)
 
     def _relation(self, cursor: duckdb.DuckDBPyConnection, sql: str, tables: Mapping[str, pa.Table],
                   params: Mapping[str, Any] | None) -> duckdb.DuckDBPyRelation:
@@ -176,12 +231,16 @@ class DuckEngine:
         # relation hands Arrow over without the copy a DB-API result makes.
         return _hugeint_as_bigint(cursor.sql(statement, params=None if params is None else dict(params)))
 
-    def _error(self, e: Exception, sql: str, query: QueryContext | None = None) -> RtindexError:
+    def _error(self, e: Exception, sql: str, query: QueryContext | None = None,
+               cursor: duckdb.DuckDBPyConnection | None = None) -> RtindexError:
         """DuckDB's error about the generated ``sql``, told about the user's query: its
         internal names (frame columns f0, scan columns c0, ...) replaced by what
         ``query`` says they stand for, never shown otherwise (messages.duckdb_error)."""
         if self._con is None:  # close() interrupted us
             return ClosedError("the SQL engine was closed while the query ran")
+        with self._cond:
+            if cursor in self._timed_out:  # the watchdog interrupted it
+                return _timeout_error(self._deadlines[cursor][1])
         # DuckDB's first line says what is wrong; the rest is the text echoed with
         # a caret or tuning advice (SET threads=...) that does not apply here.
         user_sql, names = query if query is not None else (sql, {})
