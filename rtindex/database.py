@@ -501,6 +501,14 @@ class Database:
             raise ValueError(f"timeout_ms must be a positive number of milliseconds or None, not {timeout_ms!r}")
         return self._sql.sql(sql, params, access, timeout_ms)
 
+    def try_point(self, sql: str, params: Any = None, *, max_rows: int = 64) -> Result | None:
+        """The result of ``sql`` if it is a point query (``SELECT * ... WHERE field = value``
+        or ``ARRAY_CONTAINS``) matching at most ``max_rows`` rows, else None (then use
+        :meth:`sql`). Its work is bounded by ``max_rows``: a server answers such queries on
+        its event loop instead of handing them to a thread."""
+        self._check()
+        return self._sql.try_point(sql, params, max_rows)
+
     def explain(self, sql: str, params: Any = None, *, access: str | None = None) -> Plan:
         """The access path :meth:`sql` would choose, and the numbers behind the choice
         (matched rows and rows per predicate from the posting lists, estimated costs);

@@ -48,6 +48,7 @@ MAX_QUERY_BODY = 1 << 20  # SQL text plus parameters
 # seconds past timeout_ms before a query still running is answered 408 anyway: DuckDB's
 # part stops at timeout_ms, the rest (index lookups, fetching rows) cannot be interrupted
 OVERRUN_GRACE = 0.25
+INLINE_ROWS = 64  # a point query matching at most this many rows runs on the event loop
 
 
 class QueryBody(BaseModel):
@@ -115,15 +116,22 @@ class QueryService:
         if min_fence is not None:
             await self._wait_fence(min_fence, deadline, timeout_ms)
         staleness_ms = self.db.lag()["ms"]
-        left_ms = max((deadline - time.perf_counter()) * 1000.0, 1.0)
-        fut = asyncio.get_running_loop().run_in_executor(self.pool, self._execute, sql, params, arrow, timeout_ms,
-                                                         left_ms)
-        try:  # the query's own limit answers first (its thread free); this one, if the rest overran
-            body, res, n = await asyncio.wait_for(asyncio.shield(fut), left_ms / 1000.0 + OVERRUN_GRACE)
-        except asyncio.TimeoutError:
-            metrics.QUERY_TIMEOUTS.inc()
-            return 408, b"application/json", HttpError(
-                408, "Timeout", f"the query ran past timeout_ms={timeout_ms}", limit="timeout_ms").body(), [], fut
+        # a point query of a few rows is answered here, on the event loop: its work is
+        # bounded, and shorter than handing it to a thread and back
+        got = None if arrow else self._answer(self._sql_errors(self.db.try_point, sql, params, max_rows=INLINE_ROWS),
+                                              arrow)
+        if got is not None:
+            body, res, n = got
+        else:
+            left_ms = max((deadline - time.perf_counter()) * 1000.0, 1.0)
+            fut = asyncio.get_running_loop().run_in_executor(self.pool, self._execute, sql, params, arrow,
+                                                             timeout_ms, left_ms)
+            try:  # the query's own limit answers first (its thread free); this one, if the rest overran
+                body, res, n = await asyncio.wait_for(asyncio.shield(fut), left_ms / 1000.0 + OVERRUN_GRACE)
+            except asyncio.TimeoutError:
+                metrics.QUERY_TIMEOUTS.inc()
+                return 408, b"application/json", HttpError(
+                    408, "Timeout", f"the query ran past timeout_ms={timeout_ms}", limit="timeout_ms").body(), [], fut
         stats = {"elapsed_ms": round((time.perf_counter() - t0) * 1000.0, 3), "queued_ms": round(queued_ms, 3),
                  "staleness_ms": round(staleness_ms, 3),
                  "rows_matched": res.plan.matched_rows if res.plan is not None else None,
@@ -153,14 +161,26 @@ class QueryService:
         """In a worker thread: the query, and its rows serialized (the event loop stays free).
         Its DuckDB work is interrupted ``left_ms`` from now, so the thread is free again then."""
         try:
-            res = self.db.sql(sql, params, timeout_ms=left_ms)
+            res = self._sql_errors(self.db.sql, sql, params, timeout_ms=left_ms)
         except rtindex.QueryTimeoutError:
             metrics.QUERY_TIMEOUTS.inc()
             raise HttpError(408, "Timeout", f"the query ran past timeout_ms={timeout_ms}", limit="timeout_ms") from None
+        return self._answer(res, arrow)
+
+    @staticmethod
+    def _sql_errors(run, sql: str, params: Any, **kw) -> rtindex.Result | None:
+        """``run(sql, params, **kw)``, its refusals as HTTP errors."""
+        try:
+            return run(sql, params, **kw)
         except rtindex.NotFoundError as e:
             raise HttpError(404, "NotFound", e.args[0] if e.args else str(e)) from None
         except rtindex.SqlError as e:
             raise HttpError(400, "BadSql", str(e)) from None
+
+    def _answer(self, res: rtindex.Result | None, arrow: bool) -> tuple[bytes, rtindex.Result, int] | None:
+        """(body, result, rows) of a result (None: None), or the HttpError of one over a limit."""
+        if res is None:
+            return None
         n = len(res)
         if n > self.limits.max_result_rows:
             raise HttpError(413, "LimitExceeded", f"the result has {n} rows, over max_result_rows="

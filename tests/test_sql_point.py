@@ -41,6 +41,22 @@ def same(fast, general):
     assert set(fast.timings) == {"plan", "fetch"}
 
 
+def test_try_point_answers_only_point_queries(tmp_path):
+    with rtindex.open(tmp_path / "db") as db:
+        c = db.create_collection("c", shards=2)
+        c.ingest([{"_id": i, "k": i % 3, "tags": ["x"] if i < 2 else []} for i in range(30)])
+        assert db.try_point("SELECT * FROM c WHERE k = 1", max_rows=64).rows() == db.sql("SELECT * FROM c WHERE k = 1").rows()
+        assert len(db.try_point("SELECT * FROM c WHERE ARRAY_CONTAINS(tags, 'x')")) == 2
+        assert db.try_point("SELECT * FROM c WHERE k = 1", max_rows=9) is None  # 10 rows
+        assert db.try_point("SELECT * FROM c WHERE k = 1 LIMIT 9", max_rows=9) is not None
+        assert db.try_point("SELECT k FROM c WHERE k = 1") is None  # not a point query
+        assert db.try_point("SELECT COUNT(*) AS n FROM c") is None
+        with pytest.raises(SqlError):
+            db.try_point("SELECT * FROM c WHERE k = :v")  # its parameter missing
+        with pytest.raises(SqlError, match="no collection 'nope'"):  # as sql() says it
+            db.try_point("SELECT * FROM nope WHERE k = 1")
+
+
 def test_the_point_shape():
     def point(sql):
         return parse_query(sql).point is not None
@@ -76,6 +92,12 @@ def test_point_path_equals_general_path(tmp_path_factory, docs, path, value, con
         if offset is not None:
             sql += f" OFFSET {offset}"
         same(*both(db, sql, params))
+        small = db.try_point(sql, params, max_rows=3)
+        expected = db.sql(sql, params)
+        if len(expected) <= 3:
+            same(small, expected)
+        else:
+            assert small is None  # more rows than max_rows: left to sql()
 
 
 def test_rows_are_the_users_copies(db):

@@ -165,7 +165,16 @@ class SqlEngine:
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _point(self, q: Query, params: Any, t0: float) -> Result | None:
+    def try_point(self, text: str, params: Any, max_rows: int) -> Result | None:
+        """The answer of ``text`` if it is a point query matching at most ``max_rows`` rows
+        (work bounded by that), else None: run it with :meth:`sql`."""
+        t0 = time.perf_counter()
+        q = self._plans.get(text)
+        if isinstance(q, MultiQuery) or q.point is None:
+            return None
+        return self._point(q, params, t0, max_rows)
+
+    def _point(self, q: Query, params: Any, t0: float, max_rows: int | None = None) -> Result | None:
         """A point query (``Query.point``): the result, plan and warnings of the general
         index path, which is the only path for documents, without building what its
         choice and its other cases need (an _Execution, the scan's blockers, the planner's
@@ -173,7 +182,8 @@ class SqlEngine:
         posting lists and cached rows; those objects cost several times that, and a
         key-value lookup is what this kind of query is run for, at high rates
         (tests/test_sql_point.py checks the two paths agree). None: a result over
-        ``max_result_bytes``, which the general path refuses (with a stream to read it)."""
+        ``max_result_bytes``, which the general path refuses (with a stream to read it), or
+        of more than ``max_rows`` rows when given."""
         checked = _check_params(q, params)
         leaf = q.point
         value = bind_operand(leaf.value, checked, q.sql)
@@ -183,6 +193,8 @@ class SqlEngine:
         n = len(rows)
         plan = Plan(q.collection, "index", STAR_REASON, snap.count(), n, index_cost_us=n * ROW_COST)
         n_out = max(0, n - offset) if limit is None else max(0, min(n - offset, limit))
+        if max_rows is not None and n_out > max_rows:
+            return None
         budget = self.max_result_bytes
         t1 = time.perf_counter()
         charge = [0]
