@@ -50,6 +50,30 @@ def test_a_watch_reads_what_the_signal_published(impl, tmp_path):
 
 
 @pytest.mark.skipif(cy_notify is None, reason="not built")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_writer_killed_mid_update_leaves_the_last_state_readable(impl, tmp_path):
+    """A writer killed while publishing leaves the sequence odd: readers get the last state
+    they read (waiting a little the first time, not at all after), until a successor publishes."""
+    path = str(tmp_path / "signal")
+    watch = impl.Watch(path)
+    impl.Signal(path, 7).bump(100, 3, 5, [(0, 11)])
+    before = watch.read()
+    with open(path, "r+b") as f:  # what a kill in the middle of bump() leaves
+        seq = int.from_bytes(f.read(8), "little")
+        f.seek(0)
+        f.write((seq + 1).to_bytes(8, "little"))
+    t0 = time.perf_counter()
+    assert watch.read() == before
+    assert time.perf_counter() - t0 < 0.1
+    t0 = time.perf_counter()
+    for _ in range(100):
+        assert watch.read() == before
+    assert time.perf_counter() - t0 < 0.05  # known stuck: no more waiting
+    successor = impl.Signal(path, 8)
+    successor.bump(150, 4, 5, [(100, 12)])
+    assert watch.read()[1:2] == (150,) and watch.read()[5] == 8
+
+
 def test_a_watch_never_sees_half_an_update(tmp_path):
     """A reader thread reads while a writer bumps as fast as it can: every read is whole
     (the fields of one bump belong together)."""

@@ -146,13 +146,17 @@ cdef class Watch:
     cdef str _path
     cdef object _mm
     cdef ShardHead* _h
+    cdef object _last  # the last state read
+    cdef uint64_t _stuck  # an odd sequence that never completed (0: none)
 
     def __init__(self, str path):
         self._path = path
 
     def read(self):
         """``(count, next_row, time, generation, log_seq, epoch, tails)``; None before the
-        first publication."""
+        first publication. A writer killed in the middle of publishing leaves the state
+        half-written until its successor publishes: meanwhile this is the last state read
+        (after waiting a few milliseconds the first time, at once after that)."""
         cdef ShardHead copy
         cdef uint64_t s1, s2
         cdef int spins = 0
@@ -173,16 +177,21 @@ cdef class Watch:
                 s2 = rtn_ld64(&self._h.seq)
                 if s1 == s2:
                     break
+            elif s1 == self._stuck:
+                return self._last
             spins += 1
-            if spins > 1000:
+            if spins > 200:
                 time.sleep(0.0001)
-            if spins > 2000:  # a writer that died mid-update: its successor clears it
-                return None
+            if spins > 300:  # a writer that died mid-update: its successor clears it
+                self._stuck = s1
+                return self._last
         if copy.count == 0:
             return None
         n = min(copy.n_tails, MAX_TAILS)
         tails = tuple((copy.tails[2 * i], copy.tails[2 * i + 1]) for i in range(n))
-        return (copy.count, copy.next_row, copy.time_ns / 1e9, copy.generation, copy.log_seq, copy.epoch, tails)
+        self._last = (copy.count, copy.next_row, copy.time_ns / 1e9, copy.generation, copy.log_seq, copy.epoch,
+                      tails)
+        return self._last
 
     def close(self):
         self._h = NULL

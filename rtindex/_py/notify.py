@@ -58,6 +58,8 @@ class Watch:
     def __init__(self, path: str):
         self._path = path
         self._mm = None
+        self._last = None
+        self._stuck = 0
 
     def read(self):
         if self._mm is None:
@@ -67,15 +69,23 @@ class Watch:
                 return None
             if self._mm is None:
                 return None
+        spins = 0
         while True:
             head = _HEAD.unpack_from(self._mm)
             tails = tuple(_PAIR.unpack_from(self._mm, _HEAD.size + 16 * i) for i in range(min(head[7], MAX_SEGMENTS)))
             if not head[0] & 1 and _HEAD.unpack_from(self._mm)[0] == head[0]:
                 break
+            if head[0] & 1 and head[0] == self._stuck:
+                return self._last
+            spins += 1
+            if spins > 100:  # a writer that died mid-update: its successor clears it
+                self._stuck = head[0]
+                return self._last
             time.sleep(0.0001)
         if head[1] == 0:
             return None
-        return (head[1], head[2], head[3] / 1e9, head[4], head[5], head[6], tails)
+        self._last = (head[1], head[2], head[3] / 1e9, head[4], head[5], head[6], tails)
+        return self._last
 
     def close(self) -> None:
         if self._mm is not None:
