@@ -42,6 +42,13 @@ class Result:
                  table: pa.Table | None = None, access: str = "index",
                  refused: ResultTooLargeError | None = None,
                  stream: Callable[[int], pa.RecordBatchReader] | None = None):
+        # two output columns of one name (SELECT a AS x, b AS x; SELECT * over a join):
+        # the later ones are x_2, x_3... on every path, so that no value hides another
+        if table is not None:
+            table = frames.with_unique_names(table)
+            columns = table.column_names if columns is not None else None
+        elif columns is not None:
+            columns = frames.unique_names(columns)
         self._columns = columns
         self._rows = rows
         self._table = table
@@ -98,7 +105,11 @@ class Result:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
         if self._refused is not None:
-            return self._stream(batch_size)
+            reader = self._stream(batch_size)
+            schema = frames.with_unique_names(reader.schema.empty_table()).schema
+            if schema.names == reader.schema.names:
+                return reader
+            return pa.RecordBatchReader.from_batches(schema, (frames.with_unique_names(b) for b in reader))
         table = self.arrow()
         return pa.RecordBatchReader.from_batches(table.schema, (b for b in table.to_batches(max_chunksize=batch_size)
                                                                 if b.num_rows))

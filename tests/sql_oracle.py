@@ -83,7 +83,8 @@ def normal(v):
 
 
 def rows(table: pa.Table, ordered: bool) -> list[tuple]:
-    out = [tuple(normal(v) for v in r.values()) for r in table.to_pylist()]
+    """The rows as tuples, by column position (columns of one name all count)."""
+    out = [tuple(normal(v) for v in r) for r in zip(*(c.to_pylist() for c in table.columns))]
     return out if ordered else sorted(out, key=repr)
 
 

@@ -148,3 +148,29 @@ def test_where_reads_the_field_an_output_alias_shadows(tmp_path):
         assert db.sql("SELECT DISTINCT a AS b FROM t WHERE b > 7").rows() == [{"b": 1}]
         assert db.sql("SELECT DISTINCT COUNT(*) AS b FROM t WHERE -b IS NOT NULL").rows() == [{"b": 2}]
         assert db.sql("SELECT DISTINCT a AS b FROM t ORDER BY b").rows() == [{"b": 1}, {"b": 30}]
+
+
+@pytest.mark.parametrize("access", [None, "index", "scan"])
+def test_output_columns_of_one_name_are_all_kept(tmp_path, access):
+    """Two output columns named alike: the later is name_2 (then _3...), on every path and in
+    rows(), arrow() and columns alike; no value hides another."""
+    with rtindex.open(tmp_path / "db") as db:
+        db.create_collection("tab0", shards=1).ingest([{"_id": 1, "col1": 10, "col2": 20}])
+        db.create_collection("tab2", shards=2).ingest([{"_id": 2, "col1": 30, "col2": 40}])
+        cases = {
+            "SELECT DISTINCT + + col1 AS col2, 59 AS col2 FROM tab2": [{"col2": 30, "col2_2": 59}],
+            "SELECT col1 AS x, col2 AS x, col1 AS x_2 FROM tab2": [{"x": 30, "x_2": 40, "x_2_2": 30}],
+            "SELECT col2 AS n, COUNT(*) AS n FROM tab2 GROUP BY col2": [{"n": 40, "n_2": 1}],
+            "SELECT cor0.col1, cor1.col1 FROM tab0 cor0 CROSS JOIN tab2 AS cor1": [{"col1": 10, "col1_2": 30}],
+            "SELECT cor0.col1, cor1.col2 AS col1 FROM tab0 cor0, tab2 cor1 ORDER BY 1": [{"col1": 10, "col1_2": 40}],
+        }
+        for sql, rows in cases.items():
+            res = db.sql(sql, access=access)
+            assert res.rows() == rows, sql
+            assert res.columns == list(rows[0]) == res.arrow().column_names, sql
+            assert res.arrow().to_pylist() == rows, sql
+        res = db.sql("SELECT * FROM tab0 cor0 CROSS JOIN tab2 AS cor1", access=access)
+        row = res.rows()[0]
+        assert (row["_id"], row["col1"], row["col2"]) == (1, 10, 20)
+        assert (row["_id_2"], row["col1_2"], row["col2_2"]) == (2, 30, 40)
+        assert res.columns == res.arrow().column_names and len(set(res.columns)) == len(res.columns) == 8

@@ -256,3 +256,33 @@ def scan_kinds(cols: dict[int, str], counts: list[int]) -> tuple[dict[int, str],
     values of :func:`kinds_sql`."""
     present = [t for t in sorted(cols) if t in KINDS]
     return {t: cols[t] for t, n in zip(present, counts) if n}, bool(counts[-1])
+
+
+def unique_name(name: str, taken: Sequence[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``... the first not in ``taken``: the one rule that
+    names a query's output columns when two would share a name."""
+    if name not in taken:
+        return name
+    i = 2
+    while f"{name}_{i}" in taken:
+        i += 1
+    return f"{name}_{i}"
+
+
+def unique_names(names: Sequence[str]) -> list[str]:
+    """Each of ``names`` made unique against the ones before it (:func:`unique_name`)."""
+    out: list[str] = []
+    for name in names:
+        out.append(unique_name(name, out))
+    return out
+
+
+def with_unique_names(data: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
+    """``data`` with its columns renamed by :func:`unique_names` (itself when they are)."""
+    names = data.schema.names
+    if len(set(names)) == len(names):
+        return data
+    unique = unique_names(names)
+    if isinstance(data, pa.RecordBatch):
+        return pa.RecordBatch.from_arrays(data.columns, names=unique)
+    return data.rename_columns(unique)

@@ -26,7 +26,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.tokens import TokenType
 
 from rtindex.errors import SqlError, UnsupportedSqlError
-from rtindex.sql import messages
+from rtindex.sql import frames, messages
 from rtindex.sql import predicates as P
 from rtindex.sql.syntax import syntax_error
 
@@ -488,7 +488,7 @@ class _Parser:
                 continue
             inner = e.this if isinstance(e, exp.Alias) else e
             path = self.field_path(inner)
-            name = _unique(e.alias if isinstance(e, exp.Alias) else
+            name = frames.unique_name(e.alias if isinstance(e, exp.Alias) else
                            (".".join(path) if path is not None else inner.sql(DIALECT)), outputs)
             outputs.append(name)
             if plain is not None:
@@ -585,15 +585,6 @@ def _describe(node: exp.Expression) -> str:
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def _unique(name: str, taken: list[str]) -> str:
-    if name not in taken:
-        return name
-    i = 2
-    while f"{name}_{i}" in taken:
-        i += 1
-    return f"{name}_{i}"
 
 
 def parse_query(sql: str) -> Query | MultiQuery:
