@@ -457,9 +457,10 @@ class FileRun:
         return "\n".join(out)
 
     def rtindex_rows(self, sql: str, access: str | None = None) -> list[tuple]:
-        """The rows rtindex returns, by position (names can repeat), without _id and _event_time."""
+        """The rows rtindex returns, by position, without the _id and _event_time every
+        document has (over a join: _id_2, _event_time_2... for the later tables)."""
         table = self.db.sql(sql, access=access).arrow()
-        keep = [i for i, n in enumerate(table.column_names) if n not in ("_id", "_event_time")]
+        keep = [i for i, n in enumerate(table.column_names) if not _ADDED.fullmatch(n)]
         columns = [table.column(i).to_pylist() for i in keep]
         return list(zip(*columns)) if columns else []
 
@@ -531,6 +532,9 @@ def _difference_cause(rec: Record, expected: list[str] | None, got: list[str]) -
     else:
         how = "other values"
     return how + ("; the query divides (DuckDB's / is float division)" if "/" in rec.sql else "")
+
+
+_ADDED = re.compile(r"(_id|_event_time)(_[0-9]+)?")  # columns rtindex's SELECT * adds
 
 
 def _short(values: list[str], n: int = 12) -> str:
