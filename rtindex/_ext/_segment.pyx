@@ -2126,21 +2126,35 @@ cdef inline int64_t offset_at(const unsigned char* offsets, bint large, int64_t 
     return v32
 
 
-cdef int index_nulls(Tail* t, uint32_t node, uint64_t n, uint32_t base) noexcept nogil:
-    """Rows ``base`` .. ``base + n - 1`` hold null at ``node``."""
+cdef int null_term(Tail* t, uint32_t node, TRec** r, CRec** c) noexcept nogil:
+    """The NULL term and column of ``node`` (made when new) into ``r`` and ``c``."""
     cdef int64_t cid = column_of(t, node, NULL_TAG), tid
-    cdef TRec* r
-    cdef CRec* c
-    cdef uint64_t i
     if cid < 0:
         return -1
     tid = add_term(t, <uint32_t>cid, NULL_TAG, 0, NULL, 0)
     if tid < 0:
         return -1
-    r = term_rec(t, <uint64_t>tid)
-    c = col_rec(t, <uint64_t>cid)
+    r[0] = term_rec(t, <uint64_t>tid)
+    c[0] = col_rec(t, <uint64_t>cid)
+    return 0
+
+
+cdef inline int add_null(Tail* t, TRec* r, CRec* c, uint32_t off) noexcept nogil:
+    """Row ``off`` holds null where ``r`` and ``c`` (null_term) are."""
+    if post(t, r, off) < 0 or add_value(t, c, NULL_TAG, off, 0, 0) < 0:
+        return -1
+    return 0
+
+
+cdef int index_nulls(Tail* t, uint32_t node, uint64_t n, uint32_t base) noexcept nogil:
+    """Rows ``base`` .. ``base + n - 1`` hold null at ``node``."""
+    cdef TRec* r
+    cdef CRec* c
+    cdef uint64_t i
+    if null_term(t, node, &r, &c) < 0:
+        return -1
     for i in range(n):
-        if post(t, r, base + <uint32_t>i) < 0 or add_value(t, c, NULL_TAG, base + <uint32_t>i, 0, 0) < 0:
+        if add_null(t, r, c, base + <uint32_t>i) < 0:
             return -1
     return 0
 
@@ -2150,7 +2164,7 @@ cdef int index_fixed(Tail* t, uint32_t node, int tag, const unsigned char* data,
     """Values ``start`` .. ``start + n - 1`` of an int64 (INT, TIMESTAMP), double (FLOAT,
     finite) or bool array at ``node`` as the rows from ``base``; ``valid``: validity bits
     (NULL: none is null)."""
-    cdef int64_t cid = column_of(t, node, tag), ncid = -1, tid
+    cdef int64_t cid = column_of(t, node, tag), tid
     cdef TRec* null_r = NULL
     cdef CRec* c
     cdef CRec* nc = NULL
@@ -2164,16 +2178,9 @@ cdef int index_fixed(Tail* t, uint32_t node, int tag, const unsigned char* data,
     for i in range(n):
         off = base + <uint32_t>i
         if valid != NULL and not bit_at(valid, start + <int64_t>i):
-            if null_r == NULL:
-                ncid = column_of(t, node, NULL_TAG)
-                if ncid < 0:
-                    return -1
-                tid = add_term(t, <uint32_t>ncid, NULL_TAG, 0, NULL, 0)
-                if tid < 0:
-                    return -1
-                null_r = term_rec(t, <uint64_t>tid)
-                nc = col_rec(t, <uint64_t>ncid)
-            if post(t, null_r, off) < 0 or add_value(t, nc, NULL_TAG, off, 0, 0) < 0:
+            if null_r == NULL and null_term(t, node, &null_r, &nc) < 0:
+                return -1
+            if add_null(t, null_r, nc, off) < 0:
                 return -1
             continue
         if tag == BOOL_TAG:
@@ -2195,7 +2202,7 @@ cdef int index_strings(Tail* t, uint32_t node, const unsigned char* offsets, bin
                        uint32_t base) noexcept nogil:
     """Values ``start`` .. ``start + n - 1`` of a (large_)string array (validated UTF-8) at
     ``node`` as the rows from ``base``."""
-    cdef int64_t cid = column_of(t, node, STRING_TAG), ncid = -1, tid, a, b
+    cdef int64_t cid = column_of(t, node, STRING_TAG), tid, a, b
     cdef TRec* null_r = NULL
     cdef CRec* c
     cdef CRec* nc = NULL
@@ -2207,16 +2214,9 @@ cdef int index_strings(Tail* t, uint32_t node, const unsigned char* offsets, bin
     for i in range(n):
         off = base + <uint32_t>i
         if valid != NULL and not bit_at(valid, start + <int64_t>i):
-            if null_r == NULL:
-                ncid = column_of(t, node, NULL_TAG)
-                if ncid < 0:
-                    return -1
-                tid = add_term(t, <uint32_t>ncid, NULL_TAG, 0, NULL, 0)
-                if tid < 0:
-                    return -1
-                null_r = term_rec(t, <uint64_t>tid)
-                nc = col_rec(t, <uint64_t>ncid)
-            if post(t, null_r, off) < 0 or add_value(t, nc, NULL_TAG, off, 0, 0) < 0:
+            if null_r == NULL and null_term(t, node, &null_r, &nc) < 0:
+                return -1
+            if add_null(t, null_r, nc, off) < 0:
                 return -1
             continue
         a = offset_at(offsets, large, start + <int64_t>i)
