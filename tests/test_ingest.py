@@ -5,17 +5,15 @@ runs under."""
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import threading
-import time
 
-import orjson
 import pytest
 
 import rtindex
 from rtindex import documents, ingest
 from rtindex.documents import Limits
+from tests.test_inputs import ingest_paused_pipe
 
 
 def test_ingest_runs_with_the_collector_paused_and_short_switches_then_restores(db):
@@ -142,24 +140,7 @@ def test_puts_run_on_the_indexer_threads_in_order_and_the_caller_prepares_meanwh
 
 def test_a_chunk_is_visible_while_the_caller_waits_for_more_input(db):
     """A streamed input that pauses: what came before the pause is stored and visible."""
-    c = db.create_collection("c")
-    r, w = os.pipe()
-    seen = []
-
-    def write():
-        with os.fdopen(w, "wb") as out:
-            out.write(b"".join(orjson.dumps({"_id": i}) + b"\n" for i in range(100)))
-            out.flush()
-            deadline = time.monotonic() + 30
-            while len(c) < 100 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            seen.append(len(c))
-
-    t = threading.Thread(target=write)
-    t.start()
-    with os.fdopen(r, "rb") as f:
-        c.ingest(f, batch_size=100)
-    t.join()
+    seen, _ = ingest_paused_pipe(db.create_collection("c"), 100, 100, 100, 100)
     assert seen == [100]
 
 

@@ -396,27 +396,34 @@ def test_open_files_text_binary_gzip_and_parquet(db, tmp_path):
     assert c.ingest(buf).ids == list(range(7))
 
 
-def test_ndjson_is_streamed_not_read_whole(db):
-    """Through a pipe: the writer waits, half-way, until the first batches are stored."""
-    c = db.create_collection("c")
+def ingest_paused_pipe(c, first: int, wait_for: int, total: int, batch_size: int) -> tuple[list[int], object]:
+    """Ingest NDJSON documents ``_id`` 0 .. ``total - 1`` from a pipe whose writer sends the
+    first ``first``, then waits (30 s at most) until the collection holds ``wait_for``, notes
+    how many it holds, and sends the rest: ``(what it noted, IngestStats)``."""
     r, w = os.pipe()
-    seen = []
+    seen: list[int] = []
 
     def write():
         with os.fdopen(w, "wb") as out:
-            out.write(b"".join(orjson.dumps({"_id": i}) + b"\n" for i in range(250)))
+            out.write(b"".join(orjson.dumps({"_id": i}) + b"\n" for i in range(first)))
             out.flush()
             deadline = time.monotonic() + 30
-            while len(c) < 200 and time.monotonic() < deadline:
+            while len(c) < wait_for and time.monotonic() < deadline:
                 time.sleep(0.01)
             seen.append(len(c))
-            out.write(b"".join(orjson.dumps({"_id": i}) + b"\n" for i in range(250, 300)))
+            out.write(b"".join(orjson.dumps({"_id": i}) + b"\n" for i in range(first, total)))
 
     t = threading.Thread(target=write)
     t.start()
     with os.fdopen(r, "rb") as f:
-        st = c.ingest(f, batch_size=100)
+        st = c.ingest(f, batch_size=batch_size)
     t.join()
+    return seen, st
+
+
+def test_ndjson_is_streamed_not_read_whole(db):
+    """Through a pipe: the writer waits, half-way, until the first batches are stored."""
+    seen, st = ingest_paused_pipe(db.create_collection("c"), 250, 200, 300, 100)
     assert seen[0] >= 200 and st.n == 300
 
 
