@@ -4,7 +4,8 @@ indexed, stored and published on the database's indexer threads, so that both co
 A chunk of documents goes through two stages:
 1. **prepare** (calling thread): each document identified (``_id`` and ``_event_time``
    filled in where missing), serialized to the JSON bytes the row store keeps (text input
-   is kept as it came: read, not parsed), and routed to its shard;
+   is kept as it came: read, not parsed; a chunk's dicts are serialized in one call and
+   then read as text is), and routed to its shard;
 2. **put** (shard s on indexer thread s % 2, so one shard's puts stay in order while
    another shard's run beside them): the bytes indexed into the shard's mutable segment in
    one compiled pass without the GIL, the rows written to RocksDB in one atomic write, and
@@ -44,7 +45,7 @@ from typing import Any, Iterator
 import orjson
 
 from rtindex import documents
-from rtindex._impl import SegmentBuilder, scan_top
+from rtindex._impl import SegmentBuilder, nonfinite_path, scan_top
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import SchemaError
 
@@ -114,16 +115,31 @@ def on_line(message: str, idx: int) -> str:
 
 def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
     """Identify, serialize and route a chunk of ``(input index, document)`` items (a document
-    is a dict, a documents.Line, or the SchemaError of an input that could not be read)."""
+    is a dict, a documents.Line, or the SchemaError of an input that could not be read).
+
+    The chunk's dicts are serialized together, in one orjson call, and each then takes the
+    path of a document given as text (its ``_id`` and ``_event_time`` read by the compiled
+    scan, what is missing spliced in); a dict that path cannot take whole (an unusual
+    ``_id`` or ``_event_time``, a null that may be a NaN) goes through :func:`documents.identify`
+    and :func:`documents.serialize` as any dict would."""
     now = documents.now_us()
     per_shard: list[list] = [[] for _ in range(n_shards)]
     out = Chunk(per_shard, set(), {})
     line_type, identify, serialize, shard_of = documents.Line, documents.identify, documents.serialize, documents.shard_of
-    for idx, doc in chunk:
+    texts = _dict_texts(chunk)
+    for pos, (idx, doc) in enumerate(chunk):
         line = None
         if type(doc) is bytes:  # one JSON document as text
             doc = line_type(None, doc)
-        if type(doc) is line_type:
+        if type(doc) is dict and texts is not None:
+            got = _scanned(texts[pos], now, limits)
+            if type(got) is tuple and (b"null" not in got[2] or nonfinite_path(doc) is None):
+                out.ids[idx] = got[0]
+                per_shard[shard_of(got[1], n_shards)].append((idx, got[1], None, got[2]))
+                if got[3]:
+                    out.generated.add(idx)
+                continue
+        elif type(doc) is line_type:
             if doc.numbered:
                 out.lines.add(idx)
             if doc.doc is None:
@@ -156,32 +172,26 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
     return out
 
 
+def _dict_texts(chunk: list) -> list | None:
+    """The JSON text of each dict of ``chunk`` at its position (None elsewhere), from one
+    orjson call over all of them; None when there are none, or when one is not plain JSON
+    (then each dict is serialized on its own, and converted where it needs it)."""
+    dicts = [doc for _, doc in chunk if type(doc) is dict]
+    texts = documents.plain_texts(dicts) if dicts else None
+    if texts is None:
+        return None
+    it = iter(texts)
+    return [next(it) if type(doc) is dict else None for _, doc in chunk]
+
+
 def _from_text(raw: bytes, now: int, limits: Limits):
     """A document given as JSON text, identified without parsing it: ``(_id, id key, the
     text to store, whether the _id was generated)``, with ``_id`` and ``_event_time`` added
     at its end when missing. Else the document parsed (it needs the general path), or why
     it is refused (a :class:`_Refused`)."""
-    status, doc_id, id_key, et, close, members = scan_top(raw)
-    if status == 0 and len(raw) > limits.max_document_bytes:
-        return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
-                                            f"{limits.max_document_bytes}"))
-    if status == 0 and (et is None or documents.EVENT_TIME_MIN_US <= et < documents.EVENT_TIME_MAX_US):
-        added = b""
-        generated = doc_id is None
-        if generated:
-            doc_id = documents.new_id()
-            id_key = documents.encode_id(doc_id)
-            added = b'"_id":"' + doc_id.encode() + b'"'
-        if et is None:
-            added += (b"," if added else b"") + b'"_event_time":' + str(now).encode()
-        if added:
-            raw = raw[:close].rstrip() + (b"," if members else b"") + added + b"}"
-            if len(raw) > limits.max_document_bytes:
-                return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
-                                                    f"{limits.max_document_bytes}"))
-        else:
-            raw = raw.strip()
-        return doc_id, id_key, raw, generated
+    got = _scanned(raw, now, limits)
+    if got is not None:
+        return got
     if len(raw) > limits.max_document_bytes:  # (not parsed: it would be refused anyway)
         return _Refused(None, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
                                           f"{limits.max_document_bytes}"))
@@ -192,6 +202,34 @@ def _from_text(raw: bytes, now: int, limits: Limits):
     if type(doc) is not dict:  # what the indexer says of it
         return _Refused(None, json_error(raw, limits.max_depth) or SchemaError("a document must be a JSON object"))
     return doc
+
+
+def _scanned(raw: bytes, now: int, limits: Limits):
+    """What :func:`_from_text` returns for a document the compiled scan reads whole (or a
+    :class:`_Refused` for one too large), None for one that must be parsed."""
+    status, doc_id, id_key, et, close, members = scan_top(raw)
+    if status != 0:
+        return None
+    if len(raw) > limits.max_document_bytes:
+        return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
+                                            f"{limits.max_document_bytes}"))
+    if et is not None and not documents.EVENT_TIME_MIN_US <= et < documents.EVENT_TIME_MAX_US:
+        return None
+    added = b""
+    generated = doc_id is None
+    if generated:
+        doc_id = documents.new_id()
+        id_key = documents.encode_id(doc_id)
+        added = b'"_id":"' + doc_id.encode() + b'"'
+    if et is None:
+        added += (b"," if added else b"") + b'"_event_time":' + str(now).encode()
+    if not added:
+        return doc_id, id_key, raw.strip(), generated
+    raw = raw[:close].rstrip() + (b"," if members else b"") + added + b"}"
+    if len(raw) > limits.max_document_bytes:
+        return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
+                                            f"{limits.max_document_bytes}"))
+    return doc_id, id_key, raw, generated
 
 
 class _Refused:

@@ -174,3 +174,64 @@ def test_prepare_routes_and_names_what_it_cannot_store():
     assert [(e.index, e.message) for e in c.errors] == [
         (2, "a document must be a JSON object, not list"),
         (3, "invalid JSON on line 4 at byte 1: expected a string key")]
+
+
+# -- a chunk's dicts serialized together ---------------------------------------------------
+from decimal import Decimal  # noqa: E402
+
+import numpy as np  # noqa: E402
+import orjson  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rtindex.errors import SchemaError  # noqa: E402
+
+NOW = 1_700_000_000_000_000
+_scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=6)
+            | st.floats(allow_nan=True, allow_infinity=True))
+_odd = st.sampled_from([Decimal("1.5"), np.int64(7), 2**70, {1: "non-str key"}])
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+_ids = st.none() | st.text(max_size=6) | st.integers(-5, 5) | st.sampled_from([True, 1.0, 2**64, [1]])
+_times = st.sampled_from([NOW + 5, 1_700_000_000_000, -1, "2024-05-01T12:00:00", 1.5, None])
+
+
+@st.composite
+def _dicts(draw):
+    doc = draw(st.dictionaries(st.text(max_size=5).filter(lambda k: k not in ("_id", "_event_time")),
+                               _values, max_size=4))
+    if draw(st.booleans()):
+        doc["_id"] = draw(_ids)
+    if draw(st.booleans()):
+        doc["_event_time"] = draw(_times)
+    if draw(st.integers(0, 20)) == 0:  # not plain JSON: the chunk is serialized dict by dict
+        doc["odd"] = draw(_odd)
+    return doc
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_dicts(), max_size=8))
+def test_a_chunks_dicts_are_stored_as_each_alone_would_be(monkeypatch, docs):
+    """One orjson call for the chunk's dicts, then the text path: the same ids, errors and
+    stored values (in the same key order) as identify + serialize of each dict."""
+    monkeypatch.setattr(documents, "now_us", lambda: NOW)  # the same for every input
+    lim = Limits()
+    c = ingest.prepare(list(enumerate(docs)), lim, 3)
+    routed = {idx: (s, id_key, raw) for s, part in enumerate(c.per_shard) for idx, id_key, _, raw in part}
+    errors = {e.index: e.message for e in c.errors}
+    for i, doc in enumerate(docs):
+        try:
+            doc_id, id_key, _, raw = documents.prepare(doc, lim, NOW, True)
+        except SchemaError as e:
+            assert errors.get(i) == e.message and i not in routed
+            continue
+        assert i in routed and i not in errors
+        s, got_key, got_raw = routed[i]
+        if doc.get("_id") is None:  # generated: another id, in the same place
+            assert i in c.generated
+            got_raw = got_raw.replace(c.ids[i].encode(), doc_id.encode())
+            id_key, got_key = documents.encode_id(doc_id), id_key
+        else:
+            assert c.ids[i] == doc_id and got_key == id_key and s == documents.shard_of(id_key, 3)
+        stored, want = orjson.loads(got_raw), orjson.loads(raw)
+        assert stored == want and list(stored) == list(want)
