@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rtindex.errors import ClosedError
 
 if TYPE_CHECKING:
-    from rtindex.database import Database
+    from rtindex.collection import Collection
+    from rtindex.runtime import Runtime
 
 log = logging.getLogger("rtindex")
 
@@ -31,8 +32,23 @@ SYNC_EVERY = 0.25
 RETRY = 0.001
 
 
+class _Database(Protocol):
+    """What the follower needs of its database (rtindex.database.Database)."""
+
+    path: str
+    _runtime: Runtime
+    _collections: dict[str, Collection]
+    _lock: threading.RLock
+
+    def _collections_on_disk(self) -> list[str]: ...
+
+    def _created_on_disk(self, name: str) -> int | None: ...
+
+    def _open_collection(self, name: str) -> Collection: ...
+
+
 class Follower:
-    def __init__(self, db: "Database"):
+    def __init__(self, db: _Database):
         self._db = db
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one refresh pass at a time (the thread, or refresh_all)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import orjson
 from pyroaring import BitMap, FrozenBitMap
@@ -25,10 +25,11 @@ from rtindex.background import Worker
 from rtindex.errors import StorageError
 from rtindex.keys import u64
 from rtindex.memtrim import release_free_memory
-from rtindex.segments import MemSegment, Segment, ShardState, View, keep_mask
+from rtindex.segments import MemSegment, Segment, ShardConfig, ShardState, View, keep_mask
 
 if TYPE_CHECKING:
-    from rtindex.writer import ShardWriter
+    from rtindex.rowcache import RowStoreCache
+    from rtindex.storage import Store
 
 log = logging.getLogger("rtindex")
 
@@ -36,10 +37,41 @@ RETRY_FIRST = 0.05  # seconds before the first retry of failed background work
 RETRY_MAX = 5.0
 
 
+class _ShardWriter(Protocol):
+    """What a shard's maintenance needs of the shard (rtindex.writer.ShardWriter)."""
+
+    path: str
+    index: int
+    config: ShardConfig
+    segments_dir: str
+    store: Store
+    _rows: RowStoreCache
+    _row_cache_id: int
+
+    @property
+    def write_lock(self) -> threading.RLock: ...
+
+    @property
+    def state(self) -> ShardState: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _pending_seals(self, state: ShardState) -> int: ...
+
+    def new_segid(self) -> int: ...
+
+    def next_generation(self) -> int: ...
+
+    def replace_views(self, old: list, build: Callable[[list[View]], View]) -> None: ...
+
+    def signal(self) -> None: ...
+
+
 class Maintenance:
     """Seals, merges and clean-ups of one shard, run on the database's worker threads."""
 
-    def __init__(self, shard: "ShardWriter", sealer: Worker, merger: Worker):
+    def __init__(self, shard: _ShardWriter, sealer: Worker, merger: Worker):
         self.shard = shard
         self._sealer = sealer
         self._merger = merger

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +23,6 @@ from rtindex.errors import ClosedError
 from rtindex.rowcache import copy_json
 
 if TYPE_CHECKING:
-    from rtindex.collection import Collection
     from rtindex.segments import ShardState, View
 
 Path = str | Sequence[str]
@@ -107,12 +106,22 @@ class Postings:
         return {shard: (a[0] if len(a) == 1 else np.concatenate(a)) for shard, a in parts.items()}
 
 
+class _Collection(Protocol):
+    """What a snapshot needs of its collection (rtindex.collection.Collection)."""
+
+    name: str
+    _shards: list
+
+    @property
+    def closed(self) -> bool: ...
+
+
 class Snapshot:
     """What one read sees: never blocks writers, never changes. Reads between two writes
     share one (``Collection.snapshot()`` returns the same object until a shard publishes
     a new state)."""
 
-    def __init__(self, coll: "Collection", states: list["ShardState"] | None = None):
+    def __init__(self, coll: _Collection, states: list["ShardState"] | None = None):
         self._coll = coll
         self._shards = coll._shards
         self.states: list[ShardState] = states if states is not None else [s.state for s in self._shards]
