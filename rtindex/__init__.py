@@ -30,7 +30,7 @@ from rtindex.errors import (
     StorageError,
     UnsupportedSqlError,
 )
-from rtindex.result import Result
+from rtindex.sql.result import Result
 from rtindex.snapshot import Postings, Snapshot
 
 __version__ = "0.1.0"

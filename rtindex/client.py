@@ -109,8 +109,9 @@ from rtindex.errors import (
 from rtindex.fence import Fence
 from rtindex.inputs import Input, open_file, open_input
 from rtindex.progress import Progress
-from rtindex.result import Result
-from rtindex.sql.parse import PlanCache, Query, collection_name
+from rtindex.sql.result import Result
+from rtindex.sql.parse import Query, collection_name
+from rtindex.sql.queries import PlanCache
 
 __all__ = ["QueryTimeoutError", "RemoteCollection", "RemoteDatabase", "RequestError", "connect"]
 

@@ -12,7 +12,7 @@ column at a time, with pyarrow compute and numpy, for the batches where that is 
   missing or null; ``_event_time`` kept (an integer column, checked as
   ``documents.event_time_of(check=True)`` checks one, or a timestamp column) or filled with
   ``now_us``; a missing one goes at the end, ``_id`` first, as ``identify`` puts them;
-- each row's JSON text is made by DuckDB (``rtindex.sql.execute.json_objects``: one query
+- each row's JSON text is made by DuckDB (``rtindex.duck.json_objects``: one query
   a batch), which writes shortest round-trip floats: ``orjson.loads`` of it is the row's value.
 
 Anything else gives None: a column of another type (nested, binary, decimal, date, ...), an
@@ -40,7 +40,7 @@ from rtindex.documents import (
     Limits,
     new_id,
 )
-from rtindex.sql.execute import json_objects
+from rtindex.duck import json_objects
 
 _INT64 = pa.int64()
 _US_PER = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}  # a unit -> microseconds (ns: // 1000)

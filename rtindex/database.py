@@ -29,9 +29,10 @@ from rtindex.documents import Limits
 from rtindex.fence import Fence
 from rtindex.follower import Follower
 from rtindex.notify import WAKE_FILE, Wake
-from rtindex.result import Result
+from rtindex.sql.result import Result
 from rtindex.rowcache import RowStoreCache
-from rtindex.sql.engine import Plan, SqlEngine
+from rtindex.sql.engine import SqlEngine
+from rtindex.sql.plan import Plan
 from rtindex.sql.parse import DEFAULT_WORKSPACE, collection_name
 from rtindex.errors import (
     AlreadyExistsError,

@@ -292,14 +292,14 @@ def test_split_one_shard_and_empty():
 
 
 def test_json_connection_cannot_read_files(tmp_path):
-    from rtindex.sql import execute
+    from rtindex import duck
 
     (tmp_path / "x.csv").write_text("a\n1\n")
     # a key is a bound parameter, never SQL text
     key = f"') FROM read_csv('{tmp_path / 'x.csv'}') --"
-    text = execute.json_objects([key], [pa.array([1])])
+    text = duck.json_objects([key], [pa.array([1])])
     assert orjson.loads(text[0].as_py()) == {key: 1}
-    con = execute._json_local.con
+    con = duck._json_local.con
     with pytest.raises(Exception, match="disabled|Permission|not allowed"):
         con.sql(f"SELECT * FROM read_csv('{tmp_path / 'x.csv'}')").fetchall()
 

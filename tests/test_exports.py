@@ -31,7 +31,7 @@ def _public_callables():
     exported names, and the types its calls hand back (``connect`` -> RemoteDatabase ->
     RemoteCollection, ``Database.explain`` -> Plan)."""
     from rtindex.client import RemoteCollection, RemoteDatabase
-    from rtindex.sql.engine import Plan
+    from rtindex.sql.plan import Plan
 
     tops = {name: getattr(rtindex, name) for name in rtindex.__all__}
     tops.update(RemoteDatabase=RemoteDatabase, RemoteCollection=RemoteCollection, Plan=Plan)

@@ -276,7 +276,7 @@ def test_explain_shows_the_choice_and_numbers(db):
     c.ingest([{"_id": i, "k": i % 100, "v": i} for i in range(5000)])
     plan = db.explain("SELECT SUM(v) FROM big WHERE k = :k", {"k": 5})
     assert plan.access == "index" and plan.matched_rows == 50 and plan.total_rows == 5000
-    assert plan.predicates == [("k = 5", 50)]
+    assert plan.predicates == (("k = 5", 50),)
     text = str(plan)
     assert "index path" in text and "50 rows" in text and "DuckDB: WITH" in text
     # the index path reads v from the column store at the 50 matched rows, not whole documents

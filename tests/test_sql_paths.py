@@ -78,7 +78,7 @@ def test_a_field_is_typed_by_the_rows_where_selects(db, t):
 
 
 def test_a_large_plain_projection_learns_the_kinds_from_posting_lists(db, t):
-    from rtindex.sql.engine import MIXING_FROM_ROWS
+    from rtindex.sql.executor import MIXING_FROM_ROWS
     n = 2 * MIXING_FROM_ROWS + 500
     t.ingest([{"_id": i, "m": i if i % 3 else f"s{i}", "k": i % 2} for i in range(n)])
     t.ingest([{"_id": n + i, "m": i + 0.5, "k": 2} for i in range(n)])

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import rtindex
 from rtindex.errors import ResultTooLargeError, SqlError
-from rtindex.sql.parse import parse_query
+from rtindex.sql.queries import parse_query
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([1.0, 2.5, -0.0, 2**53 + 1]),
                     st.sampled_from(["a", "b", "", "1"]))

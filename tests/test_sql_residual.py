@@ -76,7 +76,7 @@ def test_generated_documents_match_duckdb(tmp_path_factory, docs, sql):
 def test_index_part_and_residual_in_explain(fixed):
     db, _ = fixed
     plan = db.explain("SELECT _id FROM t WHERE i > 0 AND s LIKE '%a%'")
-    assert plan.predicates == [("i > 0", 3)] and plan.residual == "s LIKE '%a%'"
+    assert plan.predicates == (("i > 0", 3),) and plan.residual == "s LIKE '%a%'"
     assert "residual (DuckDB): s LIKE '%a%'" in str(plan)
     full = db.explain("SELECT _id FROM t WHERE i > 0")
     assert full.residual is None and "DuckDB: not used" in str(full)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import rtindex
 from rtindex.sql import small
-from rtindex.sql.execute import DuckEngine
+from rtindex.duck import DuckEngine
 
 TYPES = {"f0": pa.int64(), "f1": pa.float64(), "f2": pa.string(), "f3": pa.bool_(), "f4": pa.int64()}
 NUMERIC = ["f0", "f1", "f4"]

@@ -1,6 +1,6 @@
 """sqlglot -> a checked :class:`Query`: what to look up, which fields to read, what DuckDB runs.
 
-A SQL text is parsed once (plans are cached by text) and checked against a whitelist of
+A SQL text is parsed once (rtindex/sql/queries.py caches it by text) and checked against a whitelist of
 constructs: anything else is an :class:`UnsupportedSqlError` naming the construct and where
 it is. Parameters stay parameters: ``:name`` and ``?`` become predicate operands bound per
 execution, or DuckDB named parameters; no value is ever spliced into SQL text.
@@ -13,12 +13,9 @@ gone from it because the access path has applied it already.
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import sqlglot
 from sqlglot import exp
@@ -30,11 +27,7 @@ from rtindex.sql import frames, messages
 from rtindex.sql import predicates as P
 from rtindex.sql.syntax import syntax_error
 
-if TYPE_CHECKING:
-    from rtindex.sql.sources import MultiQuery
-
 DIALECT = "duckdb"
-PLAN_CACHE_SIZE = 512
 
 AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
 SCALAR_FUNCTIONS = (exp.Lower, exp.Upper, exp.Length, exp.Abs, exp.Round, exp.Floor, exp.Ceil, exp.Coalesce,
@@ -585,47 +578,3 @@ def _describe(node: exp.Expression) -> str:
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def parse_query(sql: str) -> Query | MultiQuery:
-    """The checked plan of ``sql``: a single-collection Query when it fits that form (the
-    index answers its WHERE, or DuckDB the residual over one frame), else a MultiQuery over
-    every collection reference (rtindex/sql/sources.py)."""
-    try:
-        return _Parser(sql).parse()
-    except UnsupportedSqlError:
-        # sources builds on this module's parser: imported here, when first needed
-        from rtindex.sql.sources import parse_general
-        return parse_general(sql)
-
-
-class PlanCache:
-    """Checked queries by SQL text, least recently used evicted first; thread-safe."""
-
-    def __init__(self, size: int = PLAN_CACHE_SIZE):
-        self.size = size
-        self._plans: OrderedDict[str, Query | MultiQuery] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, sql: str) -> Query | MultiQuery:
-        if not isinstance(sql, str):
-            raise SqlError(f"SQL must be a string, not {type(sql).__name__}")
-        # A hit takes no lock: each OrderedDict call is atomic, and with a lock every query
-        # thread queued behind one the GIL had paused inside it, so two threads ran slower
-        # than one (measured: docs/benchmarks.md, "Queries")
-        q = self._plans.get(sql)
-        if q is not None:
-            try:
-                self._plans.move_to_end(sql)
-            except KeyError:  # evicted meanwhile
-                pass
-            return q
-        q = parse_query(sql)
-        with self._lock:
-            self._plans[sql] = q
-            while len(self._plans) > self.size:
-                self._plans.popitem(last=False)
-        return q
-
-    def __len__(self) -> int:
-        return len(self._plans)

@@ -20,7 +20,7 @@ planned here:
 The sandbox holds as in the single-collection form: one SELECT; FROM reads collections, CTEs,
 subqueries and VALUES only (no table functions, no file names: a name that is neither a CTE
 nor a collection is an error when the query runs); functions that read files or settings are
-refused; DuckDB itself runs locked down (rtindex/sql/execute.py).
+refused; DuckDB itself runs locked down (rtindex/duck.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from rtindex.sql import frames
 if TYPE_CHECKING:
     import pandas
 
-    from rtindex.sql.engine import Plan
+    from rtindex.sql.plan import Plan
 
 BATCH_ROWS = 10_000  # arrow_reader()'s default batch size
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from rtindex.errors import ClosedError, QueryTimeoutError, SqlError
-from rtindex.sql.execute import DuckEngine, time_limit
+from rtindex.duck import DuckEngine, time_limit
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""DuckDB behind a sandbox: the only module of rtindex that imports duckdb.
+"""DuckDB behind a sandbox: the only module of rtindex that imports duckdb (below both the
+SQL layer and column-wise ingest, which makes rows' JSON text with it).
 
 The SQL layer hands us a generated SELECT over Arrow tables it has already built; DuckDB
 only does the relational work (GROUP BY, ORDER BY, aggregates, expressions). User input
@@ -14,7 +15,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -22,7 +23,6 @@ import duckdb
 import pyarrow as pa
 
 from rtindex.errors import ClosedError, QueryTimeoutError, RtindexError, SqlError
-from rtindex.sql import messages
 
 CHECKED_STATEMENTS = 1024  # parsed-and-checked statements kept, by SQL text
 READ_BATCH_ROWS = 65_536  # rows per batch when a result is read in batches (DuckDB makes 2,048 at a time)
@@ -31,7 +31,7 @@ READ_BATCH_ROWS = 65_536  # rows per batch when a result is read in batches (Duc
 INTERRUPT_AGAIN = 0.01
 
 # the user's SQL text, and internal name -> the user's words for it (Result errors name those)
-QueryContext = tuple[str, Mapping[str, str]]
+QueryContext = tuple[str, Callable[[str], str]]  # the user's SQL, and DuckDB's message told about it
 
 _CONFIG = {
     # No files, no network, no Python replacement scans of the caller's variables.
@@ -233,9 +233,9 @@ class DuckEngine:
 
     def _error(self, e: Exception, sql: str, query: QueryContext | None = None,
                cursor: duckdb.DuckDBPyConnection | None = None) -> RtindexError:
-        """DuckDB's error about the generated ``sql``, told about the user's query: its
-        internal names (frame columns f0, scan columns c0, ...) replaced by what
-        ``query`` says they stand for, never shown otherwise (messages.duckdb_error)."""
+        """DuckDB's error about the generated ``sql``, told about the user's query by
+        ``query`` (its internal names, frame columns f0, scan columns c0, ..., are never
+        shown otherwise: rtindex.sql.messages.duckdb_error)."""
         if self._con is None:  # close() interrupted us
             return ClosedError("the SQL engine was closed while the query ran")
         with self._cond:
@@ -243,8 +243,8 @@ class DuckEngine:
                 return _timeout_error(self._deadlines[cursor][1])
         # DuckDB's first line says what is wrong; the rest is the text echoed with
         # a caret or tuning advice (SET threads=...) that does not apply here.
-        user_sql, names = query if query is not None else (sql, {})
-        return SqlError(messages.duckdb_error(str(e).partition("\n")[0] or type(e).__name__, names), sql=user_sql)
+        user_sql, tell = query if query is not None else (sql, str)
+        return SqlError(tell(str(e).partition("\n")[0] or type(e).__name__), sql=user_sql)
 
     def _statement(self, cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statement:
         with self._cond:
