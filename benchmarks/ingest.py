@@ -618,6 +618,45 @@ def _arrow_schema(sample: list[dict]):
     return pa.schema(fields)
 
 
+# Objects become named Tuples and arrays Arrays; a field absent from a row reads as its
+# type's default instead of NULL (MergeTree keys cannot be Nullable).
+CH_INFER = " SETTINGS schema_inference_make_columns_nullable = 0"
+
+
+def _ch_quote(text: str) -> str:
+    """``text`` for inside a ClickHouse '...' literal (only the --dir path is spliced in)."""
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _chdb_load(sess, table: str, rows: list[dict], order_by: str, index: str, workdir: str, B: int,
+               unit: str) -> float:
+    """Create ``table`` as a MergeTree ``ORDER BY order_by`` (plus a data-skipping ``index``
+    if given) with the schema ClickHouse infers from a 10,000-row sample (outside the
+    timing, as DuckDB's schema), then time the load: INSERT ... FORMAT JSONEachRow per batch
+    and OPTIMIZE ... FINAL, which merges the parts into one, the steady state (rtindex's
+    flush)."""
+    sample = os.path.join(workdir, f"{table}_sample.ndjson")
+    with open(sample, "wb") as f:
+        f.write(b"\n".join(orjson.dumps(r) for r in rows[:10_000]))
+    sess.query(f"CREATE TABLE {table} ENGINE = MergeTree ORDER BY {order_by} EMPTY AS "
+               f"SELECT * FROM file('{_ch_quote(sample)}', JSONEachRow)" + CH_INFER)
+    os.remove(sample)
+    if index:
+        sess.query(f"ALTER TABLE {table} ADD INDEX {index}")
+    dumps = orjson.dumps
+    p = Progress(f"chdb {table}", len(rows), unit=unit)
+    t0 = time.perf_counter()
+    done = 0
+    for batch in batches(rows, B):
+        sess.query(f"INSERT INTO {table} FORMAT JSONEachRow\n" + b"\n".join(dumps(r) for r in batch).decode())
+        done += len(batch)
+        p.update(done)
+    sess.query(f"OPTIMIZE TABLE {table} FINAL")
+    dt = time.perf_counter() - t0
+    p.finish(" (OPTIMIZE FINAL included)")
+    return dt
+
+
 def _duckdb_load(con, table: str, rows: list[dict], B: int, label: str, unit: str) -> float:
     import pyarrow as pa
 
@@ -690,7 +729,6 @@ def bench_chdb(data: Data, args: argparse.Namespace, workdir: str) -> dict:
         log(f"chdb: skipped, it cannot be imported ({e}; pip install chdb): its figures are null")
         return {"chdb_skipped": f"import chdb failed: {e}"}
     # benchmarks/query.py imports this module, so its loader is imported once both are loaded
-    from benchmarks.query import _chdb_load
 
     # data set -> table, sort key and skip index a ClickHouse user would choose for lookups
     tables = {"events": ("events", "processBy", "emails_bloom emails TYPE bloom_filter GRANULARITY 1"),
