@@ -652,7 +652,9 @@ def open(path: str, *, role: str = "writer", create: bool = True, sync: bool = F
       True: also a power loss, at the cost of an fsync per batch).
     - ``max_document_bytes`` (4 MiB), ``max_depth`` (64): limits on one document.
     - ``reader_grace_seconds`` (30): how long rows a merge dropped stay readable for reader
-      processes' older snapshots.
+      processes' older snapshots where the row store holds them (segment files written
+      before rows moved into them; a segment file's rows stay readable to a reader that
+      maps it).
     """
     return Database(path, role=role, create=create, sync=sync, block_cache_bytes=block_cache_bytes,
                     write_buffer_bytes=write_buffer_bytes, max_document_bytes=max_document_bytes,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 import orjson
 from pyroaring import BitMap, FrozenBitMap
@@ -35,6 +35,7 @@ log = logging.getLogger("rtindex")
 
 RETRY_FIRST = 0.05  # seconds before the first retry of failed background work
 RETRY_MAX = 5.0
+COMPACT_MOVED_SEALS = 4  # seals whose rows left the row store before its range is compacted
 
 
 class _ShardWriter(Protocol):
@@ -67,6 +68,8 @@ class _ShardWriter(Protocol):
 
     def signal(self) -> None: ...
 
+    def row_store_rows(self, row_ids: list[int]) -> Iterator[bytes]: ...
+
 
 class Maintenance:
     """Seals, merges and clean-ups of one shard, run on the database's worker threads."""
@@ -80,6 +83,9 @@ class Maintenance:
         self._failures = 0  # failures since the last success (for the backoff)
         self._failed_total = 0
         self._cv = threading.Condition(shard.write_lock)
+        self._compacted_to = 0  # row ids below it: the row store's range of moved rows was compacted
+        self._moved_to = 0  # row ids below it left the row store for segment files
+        self._compacting = False
 
     # ------------------------------------------------------------------ failures
     def _retry(self, what: str, e: BaseException, again: Callable[[], None], worker: Worker) -> None:
@@ -120,21 +126,27 @@ class Maintenance:
             raise self.error() from self._error
 
     def wait_idle(self) -> None:
-        """Until no seal or merge of this shard is under way; StorageError if one failed while
+        """Until no seal or merge of this shard is under way, and the row store's space of
+        the rows sealed so far is back; StorageError if a seal or merge failed while
         waiting. Failed work waiting for its retry is tried again at once."""
         self._sealer.hurry()
         self._merger.hurry()
         failed_before = self._failed_total
+        compacted = False
         while True:
             self._sealer.wait_idle()
             self._merger.wait_idle()
             with self._cv:
-                busy = self._merging or self.shard._pending_seals(self.shard.state) > 0
+                busy = self._merging or self._compacting or self.shard._pending_seals(self.shard.state) > 0
                 if self._failed_total != failed_before or (busy and self._error is not None):
                     raise self.error() from self._error
-                if not busy:
+                if not busy and (compacted or self._moved_to <= self._compacted_to):
                     return
-                self._cv.wait(0.01)
+                if busy:
+                    self._cv.wait(0.01)
+                    continue
+            compacted = True  # (asked once: a compaction that fails leaves the space to RocksDB)
+            self._moved_out(0, now=True)
 
     # ------------------------------------------------------------------ sealing
     def seal_later(self) -> None:
@@ -175,27 +187,60 @@ class Maintenance:
 
         # postings are sorted and encoded in C with the GIL released
         file = segfile.write_segment(shard.segments_dir, segid, mem.base, n, FrozenBitMap(range(n)),
-                                     b.write_blocks(shard.config.block_bytes), column_chunks())
+                                     b.write_blocks(shard.config.block_bytes), column_chunks(),
+                                     (b.row(i) for i in range(n)))
         seg = Segment(segid, file)
-        self._commit(seg, [])
+        self._commit(seg, [], [(mem.base, mem.base + n)])
         mem.sealed_as = seg
         shard.replace_views([mem], lambda cur: View(seg, n, cur[0].deleted))
         with self._cv:
             self._cv.notify_all()
+        self._moved_out(mem.base + n)
 
-    def _commit(self, seg: Segment, dropped: list[Segment]) -> None:
+    def _commit(self, seg: Segment, dropped: list[Segment], moved: list[tuple[int, int]]) -> None:
         """Write the descriptor that makes ``seg`` exist (and ``dropped`` not), with a new
-        segment generation; on failure remove its file: it never existed."""
+        segment generation, and drop the row store's copy of the row id ranges ``moved``
+        (their rows are in ``seg``'s file now), in one write; on failure remove its file: it
+        never existed."""
         wb = self.shard.store.batch()
         wb.put("meta", keys.meta_segment(seg.segid), orjson.dumps({"base": seg.base, "n": seg.n}))
         for old in dropped:
             wb.delete("meta", keys.meta_segment(old.segid))
+        for lo, hi in moved:
+            wb.delete_range("rows", u64(lo), u64(hi))
         wb.put("meta", keys.META_GENERATION, u64(self.shard.next_generation()))
         try:
             self.shard.store.write(wb)
         except BaseException:
             segfile.remove_segment(self.shard.segments_dir, seg.segid)
             raise
+
+    def _moved_out(self, end: int, now: bool = False) -> None:
+        """Rows below ``end`` left the row store (their segment file holds them): once
+        ``COMPACT_MOVED_SEALS`` seals' worth did (or ``now``: :meth:`wait_idle`), compact
+        that range on the merger thread, so its space comes back (RocksDB would reclaim it
+        only when a compaction happens to take those files, which an idle collection may
+        never run). Batched: a compaction also rewrites the newer rows in the files it
+        takes, and doing so at every seal slowed ingest by a quarter (docs/benchmarks.md)."""
+        with self._cv:
+            self._moved_to = end = max(self._moved_to, end)
+            if self._compacting or end <= self._compacted_to:
+                return
+            if not now and end - self._compacted_to < COMPACT_MOVED_SEALS * self.shard.config.seal_rows:
+                return
+            self._compacting = True
+        self._merger.submit(lambda: self._compact_rows(end))
+
+    def _compact_rows(self, end: int) -> None:
+        try:
+            self.shard.store.compact("rows", u64(self._compacted_to), u64(end))
+            self._compacted_to = end
+        except StorageError as e:  # (the space comes back at a later compaction)
+            if not self.shard.closed:
+                log.warning("rtindex shard %s: %s", self.shard.path, e)
+        finally:
+            with self._cv:
+                self._compacting = False
 
     # ------------------------------------------------------------------ merging
     def maybe_merge(self) -> None:
@@ -273,11 +318,25 @@ class Maintenance:
             for ck in colkeys:
                 yield ck, columns.encode_parts(columns.arrow_type(keys.tag_of(ck)), parts(ck))
 
+        def rows():
+            for v in run:  # the kept rows of each input, in order
+                held = v.seg.live
+                kept = iter(held - BitMap(v.deleted)) if v.deleted else iter(held)
+                if v.seg.file.has_rows:
+                    want = next(kept, None)
+                    for off, raw in zip(held, v.seg.file.read_rows()):
+                        if off == want:
+                            yield raw
+                            want = next(kept, None)
+                else:  # an older file: its rows are in the row store
+                    yield from shard.row_store_rows([v.base + off for off in kept])
+
         # postings streamed from the inputs' blocks (the k-way merge drops deleted rows)
         file = segfile.write_segment(shard.segments_dir, segid, base, n, FrozenBitMap(live),
-                                     merge_blocks(inputs, shard.config.block_bytes), column_chunks())
+                                     merge_blocks(inputs, shard.config.block_bytes), column_chunks(), rows())
         seg = Segment(segid, file)
-        self._commit(seg, [v.seg for v in run])
+        self._commit(seg, [v.seg for v in run],
+                     [(v.base, v.base + v.seg.n) for v in run if not v.seg.file.has_rows])
 
         def merged(cur: list[View]) -> View:
             # deletes that arrived while merging carry over to the new segment
@@ -300,10 +359,11 @@ class _Garbage:
     """The clean-up of a merged-away segment, once no state of this process can reach it.
 
     Its file is removed at once: a reader in another process that still reads it has it
-    mapped, and a mapping outlives the unlink. The rows the merge dropped (replaced or
-    deleted ones), their delete records and their RowStoreCache entries go after
-    ``reader_grace_seconds``: a reader's older state may still fetch them. Tried again
-    later if it fails.
+    mapped, and a mapping outlives the unlink (rows included). The delete records of the
+    rows the merge dropped (replaced or deleted ones), their RowStoreCache entries and the
+    rows themselves where the row store still holds them (files written before rows moved
+    into segment files) go after ``reader_grace_seconds``: a reader's older state may still
+    fetch them. Tried again later if it fails.
     """
 
     def __init__(self, maintenance: Maintenance, segid: int, dropped_rows: list[int]):

@@ -10,14 +10,24 @@ unlinked it.
 
 Layout (integers little-endian)::
 
-    magic "RTSEG\\0\\0\\1"
+    magic "RTSEG\\0\\0\\2"
     postings blocks, back to back      (rtindex/_ext/_blocks.pyx encodes them)
     column chunks, back to back        (Arrow IPC streams, rtindex/columns.py)
+    row blocks, back to back           (rows' JSON text, back to back, LZ4-compressed per block)
+    row block table: per block: u64 offset, u32 compressed length, u32 length
+    row table: per live offset, in order: u32 row block, u32 start in the block's text
     footer:  u32 n_blocks, then per block: u32 len(first term), first term, u64 offset, u32 length
              u32 n_columns, then per column: u32 len(key), column key, u64 offset, u64 length
              u64 base, u64 n, u32 len(live), live (serialized roaring bitmap of offsets)
+             u64 row block table offset, u64 n row blocks, u64 row table offset
              u32 len(filter), u32 pad, pad zero bytes, filter (the term filter; see below)
     trailer: u64 footer offset, u32 footer length, u32 crc32(footer), magic
+
+A row ends where the next one in its block starts, or at the block's end. Rows are here so
+that a fetch is a slice of the map and one small decompression, not a RocksDB read (the row
+store keeps only the rows of mutable segments, see ShardWriter); files of magic
+"RTSEG\\0\\0\\1", written before, have no rows (theirs stay in the row store) and no row
+fields in the footer.
 
 The term filter (rtindex/_py/blocks.py documents its format) lets a point lookup skip a
 segment that lacks its term after reading one 64-byte block: a selective term is in one
@@ -36,7 +46,9 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import zlib
+from array import array
 from typing import Iterable, Iterator
 
 import pyarrow as pa
@@ -46,7 +58,13 @@ from rtindex import columns
 from rtindex._impl import TermFilterBuilder, TermIndex
 from rtindex.errors import CorruptionError, StorageError
 
-MAGIC = b"RTSEG\x00\x00\x01"
+MAGIC = b"RTSEG\x00\x00\x02"
+MAGIC_NO_ROWS = b"RTSEG\x00\x00\x01"  # files written before rows moved into them
+ROW_BLOCK_BYTES = 8 << 10  # rows' text per compressed block: a fetch decompresses one
+_ROW_CODEC = pa.Codec("lz4_raw")
+_ROWS_POS = struct.Struct("<QQQ")  # row block table offset, n row blocks, row table offset
+_ROW_BLOCK = struct.Struct("<QII")  # offset, compressed length, length
+_ROW_AT = struct.Struct("<II")  # row block, start in its text
 SUFFIX = ".rts"
 _TRAILER = struct.Struct("<QII8s")
 _U32 = struct.Struct("<I")
@@ -98,12 +116,14 @@ def _unlink(path: str) -> None:
 
 
 def write_segment(directory: str, segid: int, base: int, n: int, live: FrozenBitMap,
-                  blocks: Iterable[tuple[bytes, bytes]], cols: Iterable[tuple[bytes, bytes]]) -> "SegmentFile":
+                  blocks: Iterable[tuple[bytes, bytes]], cols: Iterable[tuple[bytes, bytes]],
+                  rows: Iterable[bytes]) -> "SegmentFile":
     """Write a segment file whole, durably, and open it.
 
     ``blocks`` yields (first term, encoded block) in term order, ``cols`` (column key, Arrow
-    IPC chunk) in key order; both may be generators, so nothing is held whole in memory. On
-    any failure (a full disk) no file is left behind and StorageError says why.
+    IPC chunk) in key order, ``rows`` the JSON text of each live offset in order; all may be
+    generators, so nothing is held whole in memory. On any failure (a full disk) no file is
+    left behind and StorageError says why.
     """
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, file_name(segid))
@@ -132,6 +152,8 @@ def write_segment(directory: str, segid: int, base: int, n: int, live: FrozenBit
                 n_cols += 1
             live_raw = live.serialize()
             footer += _U32.pack(n_cols) + entries + _BASE_N.pack(base, n) + _U32.pack(len(live_raw)) + live_raw
+            pos, rows_pos = _write_rows(f, pos, rows, len(live))
+            footer += rows_pos
             filter_raw = term_filter.finish()
             pad = -(pos + len(footer) + _FILTER_POS.size + _FILTER_HEADER) % 64
             footer += _FILTER_POS.pack(len(filter_raw), pad) + bytes(pad) + filter_raw
@@ -150,6 +172,42 @@ def write_segment(directory: str, segid: int, base: int, n: int, live: FrozenBit
             raise StorageError(f"cannot write segment file {final}: {e}") from e
         raise
     return open_segment(directory, segid)
+
+
+def _write_rows(f, pos: int, rows: Iterable[bytes], count: int) -> tuple[int, bytes]:
+    """Write the row blocks, the row block table and the row table at ``pos``; returns the
+    position after them and the footer's row fields."""
+    table, at = bytearray(), array("I")
+    text = bytearray()
+    n = 0
+
+    def flush() -> None:
+        nonlocal pos
+        packed = _ROW_CODEC.compress(text, asbytes=True)
+        table.extend(_ROW_BLOCK.pack(pos, len(packed), len(text)))
+        f.write(packed)
+        pos += len(packed)
+        text.clear()
+
+    for raw in rows:
+        if text and len(text) + len(raw) > ROW_BLOCK_BYTES:
+            flush()
+        at.extend((len(table) // _ROW_BLOCK.size, len(text)))
+        text += raw
+        n += 1
+    if text:
+        flush()
+    if n != count:
+        raise ValueError(f"a segment of {count} live rows was given {n} rows")
+    if sys.byteorder != "little":
+        at.byteswap()
+    table_off = pos
+    f.write(table)
+    pos += len(table)
+    at_off = pos
+    f.write(at)
+    pos += len(at) * at.itemsize
+    return pos, _ROWS_POS.pack(table_off, len(table) // _ROW_BLOCK.size, at_off)
 
 
 def _fsync_dir(directory: str) -> None:
@@ -176,16 +234,18 @@ class SegmentFile:
     """A mapped segment file: lookups return zero-copy slices of the map. The map lives as
     long as this object and any slice handed out (a reader's arrays keep it alive)."""
 
-    __slots__ = ("path", "base", "n", "live", "block_keys", "_block_pos", "column_keys", "_col_pos", "_buf", "_terms")
+    __slots__ = ("path", "base", "n", "live", "block_keys", "_block_pos", "column_keys", "_col_pos", "_buf", "_terms",
+                 "_row_blocks", "_row_at", "_last_block")
 
     def __init__(self, path: str, buf: pa.Buffer):
         self.path = path
         self._buf = buf
         size = buf.size
-        if size < len(MAGIC) + _TRAILER.size or buf.slice(0, len(MAGIC)).to_pybytes() != MAGIC:
+        head = buf.slice(0, len(MAGIC)).to_pybytes() if size >= len(MAGIC) + _TRAILER.size else b""
+        if head not in (MAGIC, MAGIC_NO_ROWS):
             raise CorruptionError(f"segment file {path} is not a segment file (bad header)")
         foot_off, foot_len, crc, magic = _TRAILER.unpack(buf.slice(size - _TRAILER.size).to_pybytes())
-        if magic != MAGIC or foot_off + foot_len != size - _TRAILER.size:
+        if magic != head or foot_off + foot_len != size - _TRAILER.size:
             raise CorruptionError(f"segment file {path} is truncated or damaged (bad trailer)")
         footer = buf.slice(foot_off, foot_len).to_pybytes()
         if zlib.crc32(footer) != crc:
@@ -218,6 +278,10 @@ class SegmentFile:
             p += 4
             self.live = FrozenBitMap.deserialize(footer[p:p + ll])
             p += ll
+            rows_pos = None
+            if head == MAGIC:
+                rows_pos = _ROWS_POS.unpack_from(footer, p)
+                p += _ROWS_POS.size
             term_filter = None
             if p < len(footer):  # files written before the term filter end here
                 fl, pad = _FILTER_POS.unpack_from(footer, p)
@@ -227,9 +291,23 @@ class SegmentFile:
                 term_filter = buf.slice(foot_off + p, fl)  # zero-copy: the probes read the map
         except (struct.error, ValueError) as e:
             raise CorruptionError(f"segment file {path} is damaged (footer does not decode: {e})") from e
-        for off, ln in pos + list(cols.values()):
+        spans = pos + list(cols.values())
+        if rows_pos is not None:
+            table_off, n_row_blocks, at_off = rows_pos
+            spans += [(table_off, n_row_blocks * _ROW_BLOCK.size), (at_off, len(self.live) * _ROW_AT.size)]
+        for off, ln in spans:
             if off + ln > foot_off:
                 raise CorruptionError(f"segment file {path} is damaged (an entry points past its data)")
+        self._row_blocks = self._row_at = None
+        self._last_block: tuple[int, bytes] = (-1, b"")
+        if rows_pos is not None:
+            self._row_blocks = (table_off, n_row_blocks)
+            at = memoryview(buf)[at_off:at_off + len(self.live) * _ROW_AT.size]
+            if sys.byteorder == "little":
+                self._row_at = at.cast("I")
+            else:
+                self._row_at = array("I", at)
+                self._row_at.byteswap()
         try:
             self._terms = TermIndex(buf, keys_, pos, term_filter)
         except CorruptionError as e:
@@ -238,6 +316,64 @@ class SegmentFile:
         self._block_pos = pos
         self.column_keys = tuple(cols)
         self._col_pos = cols
+
+    @property
+    def has_rows(self) -> bool:
+        """Whether the rows are in this file (else in the row store: an older file)."""
+        return self._row_at is not None
+
+    def row(self, rank: int) -> bytes:
+        """The JSON text of the ``rank``-th live row (see :attr:`has_rows`)."""
+        at = self._row_at
+        block, start = at[2 * rank], at[2 * rank + 1]
+        last = self._last_block  # (one tuple read: another thread may replace it meanwhile)
+        text = last[1] if last[0] == block else self._row_block(block)
+        end = at[2 * rank + 3] if 2 * rank + 2 < len(at) and at[2 * rank + 2] == block else len(text)
+        return text[start:end]
+
+    def _row_block(self, block: int) -> bytes:
+        table_off, n_blocks = self._row_blocks
+        if block >= n_blocks:
+            raise CorruptionError(f"segment file {self.path} is damaged (row block {block} of {n_blocks})")
+        off, packed, length = _ROW_BLOCK.unpack_from(self._buf, table_off + block * _ROW_BLOCK.size)
+        text = self._decompress(self._buf.slice(off, packed), length, block)
+        self._last_block = (block, text)
+        return text
+
+    def _decompress(self, packed, length: int, block: int) -> bytes:
+        try:  # (Arrow says OSError of data that does not decode)
+            text = _ROW_CODEC.decompress(packed, decompressed_size=length, asbytes=True)
+        except (pa.ArrowException, ValueError, OSError) as e:
+            raise CorruptionError(f"segment file {self.path} is damaged (row block {block}: {e})") from e
+        if len(text) != length:
+            raise CorruptionError(f"segment file {self.path} is damaged (row block {block} decodes to "
+                                  f"{len(text)} bytes, not {length})")
+        return text
+
+    def read_rows(self) -> Iterator[bytes]:
+        """Every row in order, read from the file rather than the map (for a merge, as
+        :meth:`read_blocks`)."""
+        table_off, n_blocks = self._row_blocks
+        at = self._row_at
+        n = len(at) // 2
+        r = 0
+        try:
+            f = open(self.path, "rb", buffering=1 << 20)
+        except OSError as e:
+            raise StorageError(f"cannot read segment file {self.path}: {e}") from e
+        with f:
+            for block in range(n_blocks):
+                off, packed, length = _ROW_BLOCK.unpack_from(self._buf, table_off + block * _ROW_BLOCK.size)
+                try:
+                    f.seek(off)
+                    data = f.read(packed)
+                except OSError as e:
+                    raise StorageError(f"cannot read segment file {self.path}: {e}") from e
+                text = self._decompress(data, length, block)
+                while r < n and at[2 * r] == block:
+                    end = at[2 * r + 3] if r + 1 < n and at[2 * r + 2] == block else length
+                    yield text[at[2 * r + 1]:end]
+                    r += 1
 
     def term_index(self) -> TermIndex:
         """The term dictionary of this file, for point lookups (rtindex._impl.TermIndex),

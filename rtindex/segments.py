@@ -134,9 +134,12 @@ class Segment:
               else np.searchsorted(self.live_offsets.to_numpy(zero_copy_only=True), wanted))
         return [c.take(at) if c is not None else columns.null_taken(len(at)) for c in self._chunks(colkeys, cache)]
 
-    def row(self, off: int) -> None:
-        """Rows of sealed segments are in the row store."""
-        return None
+    def row(self, off: int) -> bytes | None:
+        """The stored text of the row at ``off`` (a held one), or None when the rows of this
+        segment are in the row store (a file written before rows moved into segment files)."""
+        if not self.file.has_rows or off not in self.live:
+            return None
+        return self.file.row(off if self.live_dense else self.live.rank(off) - 1)
 
     def _chunks(self, colkeys: list[bytes], cache: ChunkCache) -> list[columns.Chunk | None]:
         n = len(self.live)

@@ -87,7 +87,7 @@ class Shard:
         rid = self._find_id(state, id_key)
         if rid is None:
             return None
-        doc = self.fetch(np.array([rid], dtype=np.uint64))[0]
+        doc = self.fetch(np.array([rid], dtype=np.uint64), state=state)[0]
         return copy_json(doc) if doc is not None else None
 
     def _find_id(self, state: ShardState, id_key: bytes) -> int | None:
@@ -198,35 +198,35 @@ class Shard:
             bm -= view.deleted
         return bm
 
-    def fetch(self, row_ids: np.ndarray | list[int], charge: list[int] | None = None) -> list[dict | None]:
-        """Decoded rows (``row_ids`` a uint64 array, or a list of a few ints) through the
-        database's RowStoreCache: shared objects, read-only. ``charge``: see RowStoreCache.rows."""
-        return self._rows.rows(self._row_cache_id, row_ids, self._read_rows, self.state.next_row_id, charge)
+    def fetch(self, row_ids: np.ndarray | list[int], charge: list[int] | None = None,
+              state: ShardState | None = None) -> list[dict | None]:
+        """Decoded rows (``row_ids`` a uint64 array, or a list of a few ints) of ``state``
+        (the current one if None) through the database's RowStoreCache: shared objects,
+        read-only. ``charge``: see RowStoreCache.rows."""
+        state = self._state if state is None else state
+        return self._rows.rows(self._row_cache_id, row_ids, lambda ids: self._read_rows(ids, state),
+                               state.next_row_id, charge)
 
-    def _read_rows(self, row_ids: list[int]) -> list[bytes]:
-        """The stored bytes of rows: those of a mutable segment from its mapping, the rest
-        from the row store."""
+    def _read_rows(self, row_ids: list[int], state: ShardState) -> list[bytes]:
+        """The stored bytes of rows of ``state``: from the segment that holds each (a
+        mutable segment's mapping, a sealed segment's file), else from the row store (the
+        rows of segment files written before rows moved into them). A state's segments
+        outlive a seal or merge that replaced them, so an old snapshot reads what it saw."""
         if not row_ids:
             return []
-        mems = [v.seg for v in self._state.views if not v.sealed]
-        first = mems[0].base if mems else self._state.next_row_id
-        if min(row_ids) >= first:  # all in mutable segments: the common case for new rows
-            raws = [self._mem_row(mems, r) for r in row_ids]
-        else:
-            raws = self.store.multi_get("rows", [u64(r) for r in row_ids])
-            for i, r in enumerate(row_ids):
-                if r >= first:
-                    raws[i] = self._mem_row(mems, r)
+        views = state.views
+        bases = [v.base for v in views]
+        raws = []
+        for r in row_ids:
+            i = bisect.bisect_right(bases, r) - 1
+            raws.append(views[i].seg.row(r - bases[i]) if i >= 0 else None)
+        if None in raws:
+            missing = [i for i, raw in enumerate(raws) if raw is None]
+            for i, raw in zip(missing, self.store.multi_get("rows", [u64(row_ids[i]) for i in missing])):
+                raws[i] = raw
         if None in raws:  # only rows a state shows are asked for: each must be there
             self._missing_rows([r for r, raw in zip(row_ids, raws) if raw is None])
         return raws
-
-    @staticmethod
-    def _mem_row(mems: list, rid: int) -> bytes | None:
-        for m in reversed(mems):
-            if rid >= m.base:
-                return m.row(rid - m.base)
-        return None
 
     def _missing_rows(self, row_ids: list[int]) -> None:
         raise CorruptionError(f"shard {self.index} of {self.path}: rows {row_ids[:5]} are visible in the index "

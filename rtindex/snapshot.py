@@ -318,7 +318,7 @@ class Snapshot:
             rids, offset = rids[offset:], 0
             if limit is not None:
                 rids = rids[: limit - len(out)]
-            docs = self._shards[shard].fetch(rids, charge)
+            docs = self._shards[shard].fetch(rids, charge, self.states[shard])
             out.extend([copy_json(d) for d in docs] if copy else docs)
             if limit is not None and len(out) >= limit:
                 break

@@ -26,7 +26,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterator
 
 from pyroaring import BitMap, FrozenBitMap
 
@@ -155,6 +155,16 @@ class ShardWriter(Shard):
         builder.max_depth = self.config.max_depth
         builder.publish(builder.n_rows, self._log_seq)
         return builder
+
+    def row_store_rows(self, row_ids: list[int]) -> Iterator[bytes]:
+        """The row store's rows of ``row_ids``, read a batch at a time (a merge of segment
+        files written before rows moved into them)."""
+        for i in range(0, len(row_ids), RECOVERY_ROWS):
+            part = row_ids[i : i + RECOVERY_ROWS]
+            raws = self.store.multi_get("rows", [u64(r) for r in part])
+            if None in raws:
+                self._missing_rows([r for r, raw in zip(part, raws) if raw is None])
+            yield from raws
 
     def _collect_orphans(self, segs: list[Segment]) -> None:
         """Delete segment files no descriptor names (a crash mid-seal/merge, or a clean-up

@@ -21,7 +21,7 @@ def _segment(directory, segid=7, n=50):
     b.add_json([orjson.dumps({"_id": i, "k": f"v{i % 5}", "x": i * 1.5}) for i in range(n)])
     cols = [(ck, columns.encode(values)) for ck, values in b.dense_columns()]
     return b, segfile.write_segment(str(directory), segid, 1000, n, FrozenBitMap(range(n)),
-                                    b.write_blocks(256), cols)
+                                    b.write_blocks(256), cols, (b.row(i) for i in range(n)))
 
 
 def test_round_trip(tmp_path):
@@ -75,7 +75,7 @@ def test_a_failed_write_leaves_no_file(tmp_path):
         raise OSError(28, "No space left on device")
 
     with pytest.raises(StorageError, match="No space left"):
-        segfile.write_segment(str(tmp_path), 3, 0, 1, FrozenBitMap([0]), blocks(), [])
+        segfile.write_segment(str(tmp_path), 3, 0, 1, FrozenBitMap([0]), blocks(), [], [b"{}"])
     assert os.listdir(tmp_path) == []
 
 
@@ -197,3 +197,80 @@ def test_a_flipped_filter_bit_fails_the_checksum(tmp_path):
         fh.write(bytes([data[data.rindex(b"RTF\x01") + 20] ^ 1]))
     with pytest.raises(CorruptionError, match="checksum"):
         segfile.open_segment(str(tmp_path), 7)
+
+
+# ---- rows ------------------------------------------------------------------------------
+
+def _rows(n):
+    """Documents of varied sizes (some larger than a row block) as JSON text."""
+    return [orjson.dumps({"_id": i, "pad": "x" * ((i * 7919) % 3000 if i % 50 else segfile.ROW_BLOCK_BYTES + i)})
+            for i in range(n)]
+
+
+def test_rows_round_trip_across_blocks(tmp_path):
+    raws = _rows(400)
+    b = SegmentBuilder()
+    b.add_json(raws)
+    f = segfile.write_segment(str(tmp_path), 5, 0, len(raws), FrozenBitMap(range(len(raws))),
+                              b.write_blocks(4096), [], iter(raws))
+    assert f.has_rows
+    assert [f.row(r) for r in range(len(raws))] == raws
+    assert [f.row(r) for r in reversed(range(len(raws)))] == raws[::-1]
+    assert list(f.read_rows()) == raws
+    reopened = segfile.open_segment(str(tmp_path), 5)
+    assert [reopened.row(r) for r in (399, 0, 200, 1)] == [raws[r] for r in (399, 0, 200, 1)]
+
+
+def test_rows_of_a_merge_follow_its_live_offsets(tmp_path):
+    raws = _rows(30)
+    live = FrozenBitMap(range(0, 60, 2))  # a merge output: every other offset kept
+    b = SegmentBuilder()
+    b.add_json(raws)
+    f = segfile.write_segment(str(tmp_path), 6, 0, 60, live, b.write_blocks(4096), [], iter(raws))
+    assert [f.row(r) for r in range(30)] == raws
+
+
+def test_a_count_of_rows_other_than_live_is_refused_and_leaves_no_file(tmp_path):
+    with pytest.raises(ValueError, match="3 live rows was given 2"):
+        segfile.write_segment(str(tmp_path), 4, 0, 3, FrozenBitMap(range(3)), iter([]), [], [b"{}", b"{}"])
+    assert os.listdir(tmp_path) == []
+
+
+def _without_rows(path):
+    """Rewrite a file in the layout of before rows: magic 1, no row fields in the footer."""
+    with open(path, "rb") as fh:
+        data = bytearray(fh.read())
+    data[:8] = segfile.MAGIC_NO_ROWS
+    data[-8:] = segfile.MAGIC_NO_ROWS
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+    def drop_row_fields(footer):
+        section, _ = _filter_section(footer)
+        return footer[:section - segfile._ROWS_POS.size] + footer[section:]
+    _rewrite_footer(path, drop_row_fields)
+
+
+def test_files_without_rows_still_open_and_say_so(tmp_path):
+    b, f = _segment(tmp_path, n=200)
+    _without_rows(f.path)
+    old = segfile.open_segment(str(tmp_path), 7)
+    assert not old.has_rows
+    assert (old.base, old.n, old.block_keys, old.column_keys) == (f.base, f.n, f.block_keys, f.column_keys)
+    present, _ = _terms(200)
+    assert all(list(old.term_index().get(t)) == list(b.postings(t, 200)) for t in present)
+
+
+def test_a_damaged_row_block_is_corruption_naming_the_file(tmp_path):
+    raws = _rows(50)
+    b = SegmentBuilder()
+    b.add_json(raws)
+    f = segfile.write_segment(str(tmp_path), 8, 0, 50, FrozenBitMap(range(50)), b.write_blocks(4096), [], iter(raws))
+    table_off, _ = f._row_blocks
+    off, packed, length = segfile._ROW_BLOCK.unpack_from(f._buf, table_off)
+    with open(f.path, "r+b") as fh:  # a compressed block cut short: it cannot decode to its length
+        fh.seek(table_off)
+        fh.write(segfile._ROW_BLOCK.pack(off, packed // 2, length))
+    damaged = segfile.open_segment(str(tmp_path), 8)
+    with pytest.raises(CorruptionError, match=segfile.file_name(8)):
+        damaged.row(0)

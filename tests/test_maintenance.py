@@ -1,0 +1,108 @@
+"""maintenance: a seal moves its rows from the row store into the segment file, a flush
+gives the row store's space back, and a merge carries the rows of files written before
+rows moved into them."""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+import orjson
+
+import rtindex
+from rtindex import segfile
+from rtindex.keys import u64
+from rtindex.storage import Store
+
+T = 1_700_000_000_000_000  # an _event_time, so that documents read back equal those given
+
+
+def _rows_in_row_store(shard, lo: int, hi: int) -> int:
+    return sum(1 for _ in shard.store.scan("rows", u64(lo), u64(hi)))
+
+
+def _sealed(shard):
+    return [v for v in shard.state.views if v.sealed]
+
+
+def test_a_seal_moves_rows_into_its_file_and_reads_find_them(tmp_path):
+    with rtindex.open(str(tmp_path / "db"), seal_rows=100, row_cache_bytes=0) as db:  # every fetch reads
+        c = db.create_collection("c", shards=1)
+        docs = [{"_id": i, "_event_time": T + i, "v": "x" * (i % 300)} for i in range(350)]
+        c.ingest(docs)
+        c.flush()
+        shard = c._shards[0]
+        sealed = _sealed(shard)
+        assert sealed and all(v.seg.file.has_rows for v in sealed)
+        end = sealed[-1].base + sealed[-1].seg.n
+        assert _rows_in_row_store(shard, 0, end) == 0  # the segment files hold them now
+        assert _rows_in_row_store(shard, end, 1 << 40) == shard.state.next_row_id - end  # the tail's
+        assert sorted(c.snapshot().fetch(c.snapshot().all()), key=lambda d: d["_id"]) == docs
+        assert [c.get(i) for i in (0, 99, 100, 349)] == [docs[i] for i in (0, 99, 100, 349)]
+
+
+def test_flush_gives_the_row_stores_space_back(tmp_path):
+    with rtindex.open(str(tmp_path / "db"), seal_rows=2000) as db:
+        c = db.create_collection("c", shards=1)
+        c.ingest([{"_id": i, "pad": os.urandom(300).hex()} for i in range(6000)])
+        shard = c._shards[0]
+        shard.store.flush_memtables()
+        before = shard.store._cf["rows"].property_int_value("rocksdb.total-sst-files-size")
+        c.flush()
+        after = shard.store._cf["rows"].property_int_value("rocksdb.total-sst-files-size")
+        assert before > 6000 * 300 and after < before / 4
+
+
+def _as_written_before_rows(path: str) -> None:
+    """Rewrite a segment file in the layout of before rows: magic 1, no row fields."""
+    with open(path, "rb") as fh:
+        data = bytearray(fh.read())
+    foot_off, foot_len, _, _ = struct.unpack("<QII8s", data[-24:])
+    footer = data[foot_off:foot_off + foot_len]
+    start = footer.rindex(b"RTF\x01")
+    for pad in range(64):  # the term filter section: u32 len, u32 pad, pad bytes, filter
+        section = start - pad - 8
+        if struct.unpack_from("<II", footer, section) == (len(footer) - start, pad):
+            break
+    footer = footer[:section - segfile._ROWS_POS.size] + footer[section:]
+    with open(path, "wb") as fh:
+        fh.write(segfile.MAGIC_NO_ROWS + data[8:foot_off] + footer
+                 + struct.pack("<QII8s", foot_off, len(footer), zlib.crc32(footer), segfile.MAGIC_NO_ROWS))
+
+
+def test_a_merge_carries_the_rows_of_older_files(tmp_path):
+    path = str(tmp_path / "db")
+    docs = {i: {"_id": i, "_event_time": T, "v": i} for i in range(300)}
+    with rtindex.open(path, seal_rows=100, merge_factor=8) as db:
+        c = db.create_collection("c", shards=1)
+        for lo in range(0, 300, 100):  # three segments of 100
+            c.ingest([docs[i] for i in range(lo, lo + 100)])
+        c.flush()
+        shard = c._shards[0]
+        old = [(v.seg.file.path, v.base, [v.seg.row(o) for o in v.seg.live]) for v in _sealed(shard)]
+        shard_path = shard.path
+    assert len(old) == 3
+    store = Store(shard_path)  # as before rows moved: the files without them, the row store with them
+    wb = store.batch()
+    for file_path, base, raws in old:
+        _as_written_before_rows(file_path)
+        wb.put_all("rows", [u64(base + o) for o in range(len(raws))], raws)
+    store.write(wb)
+    store.close()
+    with rtindex.open(path, seal_rows=100, merge_factor=4, row_cache_bytes=0) as db:
+        c = db["c"]
+        shard = c._shards[0]
+        assert [v.seg.file.has_rows for v in _sealed(shard)] == [False] * 3
+        assert sorted(c.snapshot().fetch(c.snapshot().all()), key=lambda d: d["_id"]) == list(docs.values())
+        for i in range(0, 300, 7):  # replace some, then a fourth seal makes a merge of four
+            docs[i] = {"_id": i, "_event_time": T, "v": -i}
+        docs.update({300 + i: {"_id": 300 + i, "_event_time": T} for i in range(100 - 43)})
+        c.ingest([docs[i] for i in range(0, 300, 7)] + [docs[300 + i] for i in range(100 - 43)])
+        c.flush()
+        sealed = _sealed(shard)
+        assert len(sealed) == 1 and sealed[0].seg.file.has_rows
+        assert _rows_in_row_store(shard, 0, sealed[0].base + sealed[0].seg.n) == 0
+        got = c.snapshot().fetch(c.snapshot().all())
+        assert sorted(got, key=lambda d: d["_id"]) == [docs[k] for k in sorted(docs)]
+        assert orjson.loads(sealed[0].seg.row(sealed[0].seg.live.max())) in got
