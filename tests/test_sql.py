@@ -344,3 +344,13 @@ def test_elements_versus_scalars_in_every_segment_kind(db, seal):
     assert ids(db, "SELECT _id FROM mix WHERE ARRAY_CONTAINS(t, 'x')") == [1, 3, 5, 6]
     assert ids(db, "SELECT _id FROM mix WHERE NOT ARRAY_CONTAINS(t, 'y')") == [3, 4, 5, 6]
     assert ids(db, "SELECT _id FROM mix WHERE t = 'x'") == [2]
+
+
+def test_a_parameter_before_an_empty_string_at_the_end(db):
+    """sqlglot's tokenizer refused ``$p ... ''`` when the empty string ended the text (the
+    form parameters are given to it in): found by the differential test."""
+    db.create_collection("pe").ingest([{"_id": 1, "i": 1, "s": "ab"}, {"_id": 2, "i": 2, "s": ""}])
+    assert sorted(r["i"] for r in db.sql("SELECT i FROM pe WHERE s = ? OR s LIKE ''", ["ab"]).rows()) == [1, 2]
+    assert db.sql("SELECT i FROM pe WHERE s = :a OR s = ''", {"a": "zz"}).rows() == [{"i": 2}]
+    union = "SELECT i AS v FROM pe WHERE NOT (s BETWEEN ? AND ?) UNION SELECT i FROM pe WHERE s LIKE ''"
+    assert sorted(r["v"] for r in db.sql(union, ["a'b", "ba"]).rows()) == [2]

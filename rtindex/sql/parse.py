@@ -129,7 +129,8 @@ def _normalize_params(sql: str) -> tuple[str, list[tuple[int, int]]]:
 
     ``:name`` becomes ``$name`` (same length): sqlglot's DuckDB parser reads ``((:p = x``
     as a DuckDB prefix alias. ``?`` becomes ``$__q<i>``, numbered in order of appearance,
-    whatever order the tree is walked in later. Only placeholder tokens change.
+    whatever order the tree is walked in later. Only placeholder tokens change, and a
+    space is added at the end of a text that changed.
     """
     try:
         tokens = Dialect.get_or_raise(DIALECT).tokenize(sql)
@@ -151,7 +152,10 @@ def _normalize_params(sql: str) -> tuple[str, list[tuple[int, int]]]:
             out.append("$")
             last = prev.end + 1
     out.append(sql[last:])
-    return "".join(out), shifts
+    text = "".join(out)
+    if text != sql:  # sqlglot's tokenizer refuses ``$p ... ''`` when the '' ends the text
+        text += " "
+    return text, shifts
 
 
 class _Parser:
