@@ -354,3 +354,17 @@ def test_a_parameter_before_an_empty_string_at_the_end(db):
     assert db.sql("SELECT i FROM pe WHERE s = :a OR s = ''", {"a": "zz"}).rows() == [{"i": 2}]
     union = "SELECT i AS v FROM pe WHERE NOT (s BETWEEN ? AND ?) UNION SELECT i FROM pe WHERE s LIKE ''"
     assert sorted(r["v"] for r in db.sql(union, ["a'b", "ba"]).rows()) == [2]
+
+
+def test_array_contains_null_is_false_only_for_an_array_without_elements(db):
+    """As DuckDB's list_contains: comparing an element with NULL is UNKNOWN, and an array
+    with no element has nothing to be unknown about (found by the differential test)."""
+    db.create_collection("an").ingest([{"_id": 1, "tags": []}, {"_id": 2, "tags": ["a"]}, {"_id": 3, "tags": None},
+                                       {"_id": 4}, {"_id": 5, "tags": [[]]}, {"_id": 6, "tags": "x"},
+                                       {"_id": 7, "tags": [None]}])
+    for value in ("NULL", ":v"):
+        params = {"v": None} if value == ":v" else None
+        ids = lambda where: sorted(r["_id"] for r in db.sql(f"SELECT _id FROM an WHERE {where}", params).rows())
+        assert ids(f"ARRAY_CONTAINS(tags, {value})") == []
+        assert ids(f"NOT ARRAY_CONTAINS(tags, {value})") == [1, 5]
+    assert sorted(r["_id"] for r in db.sql("SELECT _id FROM an WHERE NOT ARRAY_CONTAINS(tags, 'a')").rows()) == [1, 5, 7]

@@ -298,9 +298,9 @@ class IndexEvaluator:
         if isinstance(p, Like):
             return self.scalar(p.path, (keys.STRING,)) - self.true(p)
         if isinstance(p, ArrayContains):
-            if self.bind(p.value) is None:
-                return self.none()
             arrays = self.snap.exists(p.path, ["array"]) - self.arrays(p.path, include_self=False)
+            if self.bind(p.value) is None:  # an element compared with NULL is UNKNOWN; no element, FALSE
+                return arrays - self.snap.exists(p.path, [t for t in keys.TAGS_BY_NAME if t != "array"])
             return arrays - self.true(p)
         raise TypeError(f"not a predicate: {p!r}")
 
