@@ -101,6 +101,13 @@ class Chunk:
     lines: set[int] = field(default_factory=set)  # input indices of NDJSON lines (their errors name the line)
     puts: list = field(default_factory=list)  # (shard, its put under way: a future)
 
+    def route(self, idx: int, doc_id: Any, id_key: bytes, doc: Any, raw: bytes, generated: bool) -> None:
+        """Send input ``idx`` to the shard its id key belongs to."""
+        self.ids[idx] = doc_id
+        self.per_shard[documents.shard_of(id_key, len(self.per_shard))].append((idx, id_key, doc, raw))
+        if generated:
+            self.generated.add(idx)
+
     def error(self, idx: int, doc_id: Any, e: SchemaError) -> None:
         """Record that input ``idx`` was not stored, and why."""
         self.errors.append(ItemError(idx, doc_id, e.path, on_line(e.message, idx) if idx in self.lines else e.message))
@@ -123,9 +130,8 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
     ``_id`` or ``_event_time``, a null that may be a NaN) goes through :func:`documents.identify`
     and :func:`documents.serialize` as any dict would."""
     now = documents.now_us()
-    per_shard: list[list] = [[] for _ in range(n_shards)]
-    out = Chunk(per_shard, set(), {})
-    line_type, identify, serialize, shard_of = documents.Line, documents.identify, documents.serialize, documents.shard_of
+    out = Chunk([[] for _ in range(n_shards)], set(), {})
+    line_type, identify, serialize = documents.Line, documents.identify, documents.serialize
     texts = _dict_texts(chunk)
     for pos, (idx, doc) in enumerate(chunk):
         line = None
@@ -134,10 +140,8 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
         if type(doc) is dict and texts is not None:
             got = _scanned(texts[pos], now, limits)
             if type(got) is tuple and (b"null" not in got[2] or nonfinite_path(doc) is None):
-                out.ids[idx] = got[0]
-                per_shard[shard_of(got[1], n_shards)].append((idx, got[1], None, got[2]))
-                if got[3]:
-                    out.generated.add(idx)
+                doc_id, id_key, raw, generated = got
+                out.route(idx, doc_id, id_key, None, raw, generated)
                 continue
         elif type(doc) is line_type:
             if doc.numbered:
@@ -146,10 +150,7 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
                 got = _from_text(doc.raw, now, limits)
                 if type(got) is tuple:
                     doc_id, id_key, raw, generated = got
-                    out.ids[idx] = doc_id
-                    per_shard[shard_of(id_key, n_shards)].append((idx, id_key, None, raw))
-                    if generated:
-                        out.generated.add(idx)
+                    out.route(idx, doc_id, id_key, None, raw, generated)
                     continue
                 if type(got) is _Refused:
                     out.error(idx, got.doc_id, got.error)
@@ -165,10 +166,7 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
         except SchemaError as e:
             out.error(idx, doc.get("_id") if isinstance(doc, dict) else None, e)
             continue
-        out.ids[idx] = doc_id
-        per_shard[shard_of(id_key, n_shards)].append((idx, id_key, d, raw))
-        if doc.get("_id") is None:
-            out.generated.add(idx)
+        out.route(idx, doc_id, id_key, d, raw, doc.get("_id") is None)
     return out
 
 

@@ -328,8 +328,13 @@ class SegmentFile:
         block, start = at[2 * rank], at[2 * rank + 1]
         last = self._last_block  # (one tuple read: another thread may replace it meanwhile)
         text = last[1] if last[0] == block else self._row_block(block)
-        end = at[2 * rank + 3] if 2 * rank + 2 < len(at) and at[2 * rank + 2] == block else len(text)
-        return text[start:end]
+        return text[start:self._row_end(rank, block, len(text))]
+
+    def _row_end(self, rank: int, block: int, length: int) -> int:
+        """Where the ``rank``-th row ends in its block's text (of ``length``): where the next
+        row starts if it is in the same block, else the block's end."""
+        at = self._row_at
+        return at[2 * rank + 3] if 2 * rank + 2 < len(at) and at[2 * rank + 2] == block else length
 
     def _row_block(self, block: int) -> bytes:
         table_off, n_blocks = self._row_blocks
@@ -371,8 +376,7 @@ class SegmentFile:
                     raise StorageError(f"cannot read segment file {self.path}: {e}") from e
                 text = self._decompress(data, length, block)
                 while r < n and at[2 * r] == block:
-                    end = at[2 * r + 3] if r + 1 < n and at[2 * r + 2] == block else length
-                    yield text[at[2 * r + 1]:end]
+                    yield text[at[2 * r + 1]:self._row_end(r, block, length)]
                     r += 1
 
     def term_index(self) -> TermIndex:

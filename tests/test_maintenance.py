@@ -5,15 +5,13 @@ rows moved into them."""
 from __future__ import annotations
 
 import os
-import struct
-import zlib
 
 import orjson
 
 import rtindex
-from rtindex import segfile
 from rtindex.keys import u64
 from rtindex.storage import Store
+from tests.test_segfile import _without_rows
 
 T = 1_700_000_000_000_000  # an _event_time, so that documents read back equal those given
 
@@ -54,23 +52,6 @@ def test_flush_gives_the_row_stores_space_back(tmp_path):
         assert before > 6000 * 300 and after < before / 4
 
 
-def _as_written_before_rows(path: str) -> None:
-    """Rewrite a segment file in the layout of before rows: magic 1, no row fields."""
-    with open(path, "rb") as fh:
-        data = bytearray(fh.read())
-    foot_off, foot_len, _, _ = struct.unpack("<QII8s", data[-24:])
-    footer = data[foot_off:foot_off + foot_len]
-    start = footer.rindex(b"RTF\x01")
-    for pad in range(64):  # the term filter section: u32 len, u32 pad, pad bytes, filter
-        section = start - pad - 8
-        if struct.unpack_from("<II", footer, section) == (len(footer) - start, pad):
-            break
-    footer = footer[:section - segfile._ROWS_POS.size] + footer[section:]
-    with open(path, "wb") as fh:
-        fh.write(segfile.MAGIC_NO_ROWS + data[8:foot_off] + footer
-                 + struct.pack("<QII8s", foot_off, len(footer), zlib.crc32(footer), segfile.MAGIC_NO_ROWS))
-
-
 def test_a_merge_carries_the_rows_of_older_files(tmp_path):
     path = str(tmp_path / "db")
     docs = {i: {"_id": i, "_event_time": T, "v": i} for i in range(300)}
@@ -86,7 +67,7 @@ def test_a_merge_carries_the_rows_of_older_files(tmp_path):
     store = Store(shard_path)  # as before rows moved: the files without them, the row store with them
     wb = store.batch()
     for file_path, base, raws in old:
-        _as_written_before_rows(file_path)
+        _without_rows(file_path)
         wb.put_all("rows", [u64(base + o) for o in range(len(raws))], raws)
     store.write(wb)
     store.close()

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rtindex import keys
+from rtindex.duck import DuckEngine, time_limit
 from rtindex.sql import messages, multi, planner
 from rtindex.sql import predicates as P
-from rtindex.duck import DuckEngine, time_limit
 from rtindex.sql.executor import SAMPLE_ROWS, execute
 from rtindex.sql.parse import Query
 from rtindex.sql.plan import Plan

@@ -17,13 +17,13 @@ import numpy as np
 import pyarrow as pa
 
 from rtindex import keys
+from rtindex.duck import DuckEngine, OutputTooLarge
 from rtindex.errors import ResultTooLargeError
 from rtindex.rowcache import copy_json, json_bytes
 from rtindex.sql import frames, messages, typed
 from rtindex.sql import predicates as P
-from rtindex.duck import DuckEngine, OutputTooLarge
 from rtindex.sql.plan import Path, Plan
-from rtindex.sql.planner import bind_operand, index_text, limits, scan_text, small_plan
+from rtindex.sql.planner import bind_operand, column_tags, index_text, limits, scan_text, small_plan
 from rtindex.sql.result import Result
 
 if TYPE_CHECKING:
@@ -160,9 +160,7 @@ class _Run:
 
     def column_tags(self, path: Path) -> tuple[int, ...]:
         tags = self.plan.tags.get(path)
-        if tags is None:
-            tags = tuple(keys.TAGS_BY_NAME[t] for t in self.snap.column_types(path))
-        return tags
+        return tags if tags is not None else column_tags(self.snap, path)
 
     # -- the index path with DuckDB ---------------------------------------------------
     def run_index_duck(self) -> Result:
@@ -237,7 +235,11 @@ class _Run:
         t0 = time.perf_counter()
         table = self.scan()
         kinds = self.scan_kinds(table)
-        text, self.frame_types, frame_columns = scan_text(self.plan, kinds)
+        if kinds:  # mixed fields: typed by the kinds the rows read hold
+            text, self.frame_types, frame_columns = scan_text(self.plan, kinds)
+        else:
+            spec = self.plan.scan
+            text, self.frame_types, frame_columns = self.plan.duckdb_sql, dict(spec.frame_types), spec.frame_columns
         self.ran_sql = text
         params = {**self.plan.duck_params, **self.plan.scan.where_params}
 

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rtindex.duck import DuckEngine, OutputTooLarge
 from rtindex.errors import ResultTooLargeError
 from rtindex.sql import frames, messages, planner, typed
 from rtindex.sql import predicates as P
-from rtindex.duck import DuckEngine, OutputTooLarge
 from rtindex.sql.executor import scan_frame
 from rtindex.sql.plan import Plan
 from rtindex.sql.result import Result

@@ -25,12 +25,17 @@ class ScanSpec:
 
     ``columns``: (field, type name) of each typed column read, in order (DuckDB reads the
     i-th as ``c<i>``); ``names``: (field, type tag) -> that name. ``where``/``where_params``:
-    the WHERE compiled to typed column expressions (empty when the index applied it)."""
+    the WHERE compiled to typed column expressions (empty when the index applied it).
+    ``frame_types``/``frame_columns``: the types of the frame's columns, and the scan
+    column each one is when just one, as the planner's text has them (by the collection's
+    kinds of values; a run that finds fewer in the rows it reads types them again)."""
 
     columns: tuple[tuple[Path, str], ...]
     names: Mapping[tuple[Path, int], str]
     where: str
     where_params: Mapping[str, Any]
+    frame_types: Mapping[str, str | None] = field(default_factory=dict)
+    frame_columns: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

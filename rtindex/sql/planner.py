@@ -111,17 +111,17 @@ def plan(q: Query, snap: Snapshot, params: Any, access: str | None = None, *, ex
                    duck_params=duck_params, rows=rows if chosen == "index" else None,
                    tags=MappingProxyType(p.tags), scan=spec, compared=compared,
                    outer=outer_compared is not None, leaves=leaves)
-    text = None
+    more: dict[str, Any] = {}
     if spec is not None:
-        text, _, frame_columns = scan_text(planned)
-        planned = replace(planned, duckdb_sql=text,
-                        small=small_plan(planned, frame_columns) if by_column and matched <= SMALL_ROWS else None)
-        planned = replace(planned, arrow=planned.small is not None)
+        text, types, columns = scan_text(planned)
+        found = small_plan(planned, columns) if by_column and matched <= SMALL_ROWS else None
+        more.update(duckdb_sql=text, small=found, arrow=found is not None,
+                    scan=replace(spec, frame_types=MappingProxyType(types), frame_columns=MappingProxyType(columns)))
     elif explain and q.plain is None:
-        planned = replace(planned, duckdb_sql=index_text(planned, frame_types(planned)))
+        more["duckdb_sql"] = index_text(planned, frame_types(planned))
     if explain and q.where is not None:
-        planned = replace(planned, predicates=tuple(p.leaf_sizes(q.where, unbounded=blocker is not None)))
-    return planned
+        more["predicates"] = tuple(p.leaf_sizes(q.where, unbounded=blocker is not None))
+    return replace(planned, **more) if more else planned
 
 
 class _Planner:
@@ -138,7 +138,7 @@ class _Planner:
 
     def column_tags(self, path: Path) -> tuple[int, ...]:
         if path not in self.tags:
-            self.tags[path] = tuple(keys.TAGS_BY_NAME[t] for t in self.snap.column_types(path))
+            self.tags[path] = column_tags(self.snap, path)
         return self.tags[path]
 
     def scan_blocker(self, leaves: tuple) -> str | None:
@@ -274,8 +274,13 @@ def frame_types(plan: Plan) -> dict[str, str | None]:
     """typed.columns_of the frame ``plan`` reads into, as far as the index knows the rows
     it reads (a run types it by the values it reads)."""
     if plan.scan is not None:
-        return scan_text(plan)[1]
+        return dict(plan.scan.frame_types)
     return _Planner(plan.query, plan.snapshot, plan.params).frame_types(plan.rows, plan.compared)
+
+
+def column_tags(snap: Snapshot, path: Path) -> tuple[int, ...]:
+    """The type tags of ``path``'s columns in the collection."""
+    return tuple(keys.TAGS_BY_NAME[t] for t in snap.column_types(path))
 
 
 def snapshot_of(lookup: Callable[[str], Any], collection: str, sql: str) -> Snapshot:
