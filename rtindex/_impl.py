@@ -68,7 +68,14 @@ if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
     )
     from rtindex._py.lru import RowCache, copy_json, untrack_json
     from rtindex._py.notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
-    from rtindex._py.segment import SegmentBuilder, member_span, nonfinite_path, scan_top, split_array
+    from rtindex._py.segment import (
+        SegmentBuilder,
+        member_span,
+        nonfinite_path,
+        scan_top,
+        split_array,
+        tail_rows,
+    )
 
     IMPLEMENTATION = "python"
 else:
@@ -85,7 +92,14 @@ else:
         )
         from rtindex._ext._lru import RowCache, copy_json, untrack_json
         from rtindex._ext._notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
-        from rtindex._ext._segment import SegmentBuilder, member_span, nonfinite_path, scan_top, split_array
+        from rtindex._ext._segment import (
+            SegmentBuilder,
+            member_span,
+            nonfinite_path,
+            scan_top,
+            split_array,
+            tail_rows,
+        )
     except ImportError as e:  # pragma: no cover - depends on the build (tests/test_impl.py runs it)
         raise ImportError(missing_extensions_hint(Path(__file__).resolve().parent)) from e
 
@@ -110,6 +124,7 @@ __all__ = [
     "nonfinite_path",
     "scan_top",
     "split_array",
+    "tail_rows",
     "terms_get",
     "untrack_json",
     "Wake",

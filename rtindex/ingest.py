@@ -8,9 +8,10 @@ A chunk of documents goes through two stages:
    then read as text is), and routed to its shard;
 2. **put** (shard s on indexer thread s % 2, so one shard's puts stay in order while
    another shard's run beside them): the bytes indexed into the shard's mutable segment in
-   one compiled pass without the GIL, the rows written to RocksDB in one atomic write, and
-   published (``ShardWriter.put_many``). RocksDB holds the GIL while it writes; the other
-   indexer thread indexes meanwhile.
+   one compiled pass without the GIL (which keeps their bytes in the segment's file), their
+   ``_id`` entries written to RocksDB in one atomic write, and published
+   (``ShardWriter.put_many``). RocksDB holds the GIL while it writes; the other indexer
+   thread indexes meanwhile.
 
 While the indexer threads put chunk k, the calling thread prepares chunk k+1; at most
 ``IN_FLIGHT`` chunks are under way. A chunk is visible once its puts are done, whatever

@@ -251,6 +251,7 @@ META_DELETED = b"D"  # + u64 row id -> b"": that row was replaced or deleted
 META_LOG = b"C"  # + u64 sequence -> the row ids one write deleted (u64 BE each): the change log readers follow
 META_LOG_SEQ = b"Q"  # -> u64: sequence of the newest change log record
 META_GENERATION = b"G"  # -> u64: bumped by every write that changes the set of segments
+META_TAIL = b"T"  # + u64 first row id -> u64 file id: the mutable segment file holding the unsealed rows from there
 
 
 def meta_segment(segid: int) -> bytes:
@@ -268,6 +269,15 @@ def meta_segment_id(key: bytes) -> int:
 
 def meta_deleted_row(key: bytes) -> int:
     """The row id of a ``meta_deleted`` key."""
+    return from_u64(key[1:])
+
+
+def meta_tail(base: int) -> bytes:
+    return META_TAIL + u64(base)
+
+
+def meta_tail_base(key: bytes) -> int:
+    """The first row id of a ``meta_tail`` key."""
     return from_u64(key[1:])
 
 

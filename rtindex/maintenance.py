@@ -46,6 +46,7 @@ class _ShardWriter(Protocol):
     config: ShardConfig
     segments_dir: str
     store: Store
+    row_store_end: int  # rows below it may be in the row store (written there by an older version)
     _rows: RowStoreCache
     _row_cache_id: int
 
@@ -190,22 +191,28 @@ class Maintenance:
                                      b.write_blocks(shard.config.block_bytes), column_chunks(),
                                      (b.row(i) for i in range(n)))
         seg = Segment(segid, file)
-        self._commit(seg, [], [(mem.base, mem.base + n)])
+        moved = [(mem.base, mem.base + n)] if mem.base < shard.row_store_end else []
+        self._commit(seg, [], moved, sealed_tail=mem.base)
         mem.sealed_as = seg
         shard.replace_views([mem], lambda cur: View(seg, n, cur[0].deleted))
         with self._cv:
             self._cv.notify_all()
-        self._moved_out(mem.base + n)
+        if moved:
+            self._moved_out(mem.base + n)
 
-    def _commit(self, seg: Segment, dropped: list[Segment], moved: list[tuple[int, int]]) -> None:
+    def _commit(self, seg: Segment, dropped: list[Segment], moved: list[tuple[int, int]],
+                sealed_tail: int | None = None) -> None:
         """Write the descriptor that makes ``seg`` exist (and ``dropped`` not), with a new
-        segment generation, and drop the row store's copy of the row id ranges ``moved``
-        (their rows are in ``seg``'s file now), in one write; on failure remove its file: it
-        never existed."""
+        segment generation, drop the row store's copy of the row id ranges ``moved``
+        (rows an older version wrote there: they are in ``seg``'s file now) and the ``T``
+        record of the mutable segment sealed from row id ``sealed_tail``, in one write; on
+        failure remove its file: it never existed."""
         wb = self.shard.store.batch()
         wb.put("meta", keys.meta_segment(seg.segid), orjson.dumps({"base": seg.base, "n": seg.n}))
         for old in dropped:
             wb.delete("meta", keys.meta_segment(old.segid))
+        if sealed_tail is not None:
+            wb.delete("meta", keys.meta_tail(sealed_tail))
         for lo, hi in moved:
             wb.delete_range("rows", u64(lo), u64(hi))
         wb.put("meta", keys.META_GENERATION, u64(self.shard.next_generation()))
@@ -352,7 +359,8 @@ class Maintenance:
             v.seg.merged_into = seg
         for v in run:  # drop the old segments' data once no reader state can reach them
             dropped = [v.base + o for o in v.deleted]
-            weakref.finalize(v.seg, self._merger.submit, _Garbage(self, v.seg.segid, dropped))
+            weakref.finalize(v.seg, self._merger.submit,
+                             _Garbage(self, v.seg.segid, dropped, in_row_store=not v.seg.file.has_rows))
 
 
 class _Garbage:
@@ -366,10 +374,11 @@ class _Garbage:
     fetch them. Tried again later if it fails.
     """
 
-    def __init__(self, maintenance: Maintenance, segid: int, dropped_rows: list[int]):
+    def __init__(self, maintenance: Maintenance, segid: int, dropped_rows: list[int], in_row_store: bool):
         self.maintenance = weakref.ref(maintenance)
         self.segid = segid
         self.dropped = dropped_rows
+        self.in_row_store = in_row_store
         self.file_removed = False
 
     def __call__(self) -> None:
@@ -387,7 +396,8 @@ class _Garbage:
                     return
             wb = shard.store.batch()
             for rid in self.dropped:
-                wb.delete("rows", u64(rid))
+                if self.in_row_store:
+                    wb.delete("rows", u64(rid))
                 wb.delete("meta", keys.meta_deleted(rid))
             if wb.n:
                 shard.store.write(wb)

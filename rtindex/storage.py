@@ -165,6 +165,7 @@ class Store:
     def __init__(self, path: str, *, create: bool = False, sync: bool = False, block_cache: Cache | None = None,
                  write_buffers: WriteBuffers | None = None, secondary_path: str | None = None):
         self.path = path
+        self.sync = sync  # each write fsyncs the WAL (files written beside it must be synced too)
         self.secondary = secondary_path is not None
         wbm = None if write_buffers is None else write_buffers.manager
         opts = _options(block_cache, wbm, create=create, secondary=self.secondary)

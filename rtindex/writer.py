@@ -4,17 +4,18 @@ Per batch, under the shard's write lock:
 1. the documents' JSON bytes are indexed into the active mutable segment in one compiled
    pass (each gets the next row id, ``base + offset``); a document the indexer refuses is
    reported, nothing of it is written;
-2. the rows, the ``_id`` -> row id entries, delete records for replaced rows, a change log
-   record (for readers in other processes) and the next row id go to RocksDB in one
-   WAL-backed WriteBatch;
+2. the ``_id`` -> row id entries, delete records for replaced rows, a change log record
+   (for readers in other processes) and the next row id go to RocksDB in one WAL-backed
+   WriteBatch (the rows themselves are in the mutable segment's file already, which a
+   ``T`` meta record names: the file is where recovery reads them back);
 3. a new immutable ShardState is published (reads that start now see the batch), the
    mutable segment publishes its row count to readers in other processes, and the shard's
    signal records the change.
 
 The mutable segments are files in ``tails/`` that reader processes map: they read the index
 built here instead of building their own. If step 2 fails (a full disk, an I/O error)
-nothing was stored, but step 1 left rows in the segment: it is replaced by one indexed from
-the row store before anything else may use it, so a failed batch leaves no trace and the
+nothing was stored, but step 1 left rows in the segment: it is replaced by one holding only
+the stored rows before anything else may use it, so a failed batch leaves no trace and the
 shard goes on working once the cause is gone.
 """
 
@@ -26,12 +27,12 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Iterator
+from typing import Iterable, Iterator
 
 from pyroaring import BitMap, FrozenBitMap
 
 from rtindex import keys, segfile
-from rtindex._impl import SegmentBuilder
+from rtindex._impl import SegmentBuilder, tail_rows
 from rtindex.background import Worker
 from rtindex.chunkcache import ChunkCache
 from rtindex.errors import CorruptionError, SchemaError, StorageError
@@ -39,7 +40,7 @@ from rtindex.keys import from_u64, u64
 from rtindex.maintenance import Maintenance
 from rtindex.notify import Signal, Wake
 from rtindex.rowcache import RowStoreCache
-from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View
+from rtindex.segments import EMPTY, MemSegment, Segment, ShardConfig, ShardState, View, tail_fid
 from rtindex.shard import OLD_SIGNAL_FILE, SIGNAL_FILE, TAILS_DIR, Shard, tail_path
 from rtindex.storage import Store
 
@@ -47,7 +48,7 @@ log = logging.getLogger("rtindex")
 
 LOG_KEEP = 4096  # change log records kept for readers; one further behind reloads its delete sets
 LOG_TRIM_EVERY = 256
-RECOVERY_ROWS = 2048  # rows read back and indexed at a time by recovery
+RECOVERY_ROWS = 2048  # rows read back and indexed at a time by recovery and rebuilds
 
 
 class ShardWriter(Shard):
@@ -62,23 +63,26 @@ class ShardWriter(Shard):
         self._wake = wake
         self._epoch = int.from_bytes(os.urandom(4), "little") or 1  # this incarnation's tail file ids
         self._next_tail = 0
+        self.row_store_end = 0  # rows below it may be in the row store (written by an older version)
         try:
-            self._clear_tails()
+            os.makedirs(os.path.join(path, TAILS_DIR), exist_ok=True)
             self._signal = Signal(os.path.join(path, SIGNAL_FILE), self._epoch)
             self.maintenance = Maintenance(self, sealer, merger)
             self._set_state(self._recover())
+            self._clear_tails()
         except BaseException:
             self.store.close()
             raise
         self._signal_change(structural=True)
 
     def _clear_tails(self) -> None:
-        """Remove the mutable segment files of an earlier writer (readers that map one keep
-        their map; a restarted writer indexes the unsealed rows again)."""
+        """Remove the mutable segment files this writer does not use: an earlier writer's,
+        once recovery holds their rows (readers that map one keep their map)."""
         tails = os.path.join(self.path, TAILS_DIR)
-        os.makedirs(tails, exist_ok=True)
+        mine = {os.path.basename(v.seg.builder.path) for v in self._state.views if not v.sealed}
         for name in os.listdir(tails):
-            os.unlink(os.path.join(tails, name))
+            if name not in mine:
+                os.unlink(os.path.join(tails, name))
         try:
             os.unlink(os.path.join(self.path, OLD_SIGNAL_FILE))
         except FileNotFoundError:
@@ -95,9 +99,30 @@ class ShardWriter(Shard):
             raise StorageError(f"cannot make a mutable segment in {os.path.join(self.path, TAILS_DIR)}: "
                                f"{e.strerror or e}") from e
 
+    def _record_tail(self, builder, stale: Iterable[int] = ()) -> None:
+        """Make ``builder``'s file the one recovery reads the rows from its base on (a ``T``
+        record; the ``T`` records of the bases ``stale`` go), once what it holds is durable.
+        On failure the file is removed: it was never named."""
+        try:
+            if self.store.sync:
+                builder.sync()
+            wb = self.store.batch()
+            for base in stale:
+                wb.delete("meta", keys.meta_tail(base))
+            wb.put("meta", keys.meta_tail(builder.base), u64(tail_fid(builder.path)))
+            self.store.write(wb)
+        except BaseException as e:
+            builder.close()
+            builder.unlink()
+            if isinstance(e, OSError):
+                raise StorageError(f"cannot make the mutable segment durable: {e.strerror or e}") from e
+            raise
+
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> ShardState:
-        """Load sealed segments and deletes; re-index the rows after them (the unsealed ones)."""
+        """Load sealed segments and deletes; index the rows after them (the unsealed ones)
+        again, read from the mutable segment files the ``T`` records name (or the row
+        store, for rows an older version wrote there), into one new mutable segment."""
         stored = self.load()
         self._log_seq, self._generation = stored.log_seq, stored.generation
         segs = stored.segments
@@ -109,45 +134,70 @@ class ShardWriter(Shard):
             deleted = self.deleted_offsets(seg.base, seg.n)
             for off in deleted - seg.live:  # dropped by a merge whose clean-up did not run: finish it
                 garbage.delete("meta", keys.meta_deleted(seg.base + off))
-                garbage.delete("rows", u64(seg.base + off))
+                if not seg.file.has_rows:
+                    garbage.delete("rows", u64(seg.base + off))
             views.append(View(seg, seg.n, FrozenBitMap(deleted & seg.live)))
         if garbage.n:
             self.store.write(garbage)
         start = stored.sealed_end
-        builder = self._index_rows(start, stored.next_row)
+        tails = {keys.meta_tail_base(k): from_u64(v)
+                 for k, v in self.store.scan("meta", keys.META_TAIL, keys.prefix_upper_bound(keys.META_TAIL))}
+        builder = self._indexed(start, stored.next_row, self._stored_rows_from(start, stored.next_row, tails))
+        self._record_tail(builder, stale=[b for b in tails if b != start])
         deleted = self.deleted_offsets(start, stored.next_row - start)
         views.append(View(MemSegment(builder, owned=True), builder.n_rows, FrozenBitMap(deleted)))
         return ShardState(tuple(views), stored.next_row)
 
-    def _index_rows(self, start: int, end: int):
-        """A new mutable segment holding rows ``start`` .. ``end - 1`` read back from the row
-        store (indexed from their JSON as stored: no document is decoded)."""
-        builder = self._new_builder(start, max_depth=1 << 20)  # they were checked when written
-        expect = start
-        batch: list[bytes] = []
-
-        def index(raws: list[bytes]) -> None:
-            first = start + builder.n_rows
-            _, errors = self._add(builder.add_json, raws)
-            if errors:
-                i, e = errors[0]
-                raise CorruptionError(f"shard {self.index} of {self.path}: stored row {first + i} "
-                                      f"cannot be indexed: {e}")
-
-        try:
-            for k, v in self.store.scan("rows", u64(start), u64(end)):
+    def _stored_rows_from(self, start: int, end: int, tails: dict[int, int]) -> Iterator[list[bytes]]:
+        """Rows ``start`` .. ``end - 1``, a list at a time: from the mutable segment file
+        the ``T`` record of each range names (``tails``: base -> file id), the rows before
+        the first such range from the row store (written there by an older version)."""
+        bases = sorted(b for b in tails if start <= b < end)
+        first = bases[0] if bases else end
+        if start < first:
+            self.row_store_end = first
+            expect = start
+            part: list[bytes] = []
+            for k, v in self.store.scan("rows", u64(start), u64(first)):
                 if from_u64(k) != expect:
                     raise CorruptionError(f"shard {self.index} of {self.path}: row {from_u64(k)} found where "
                                           f"row {expect} was expected")
-                batch.append(v)
+                part.append(v)
                 expect += 1
-                if len(batch) >= RECOVERY_ROWS:
-                    index(batch)
-                    batch = []
-            if batch:
-                index(batch)
-            if expect != end:
-                raise CorruptionError(f"shard {self.index} of {self.path}: rows end at {expect}, next row id is {end}")
+                if len(part) >= RECOVERY_ROWS:
+                    yield part
+                    part = []
+            if part:
+                yield part
+            if expect != first:
+                raise CorruptionError(f"shard {self.index} of {self.path}: rows end at {expect}, "
+                                      f"{first} expected")
+        for base, stop in zip(bases, bases[1:] + [end]):
+            path = tail_path(self.path, base, tails[base])
+            for lo in range(base, stop, RECOVERY_ROWS):
+                hi = min(lo + RECOVERY_ROWS, stop)
+                try:
+                    yield tail_rows(path, lo - base, hi - base)
+                except (OSError, ValueError) as e:
+                    raise CorruptionError(f"shard {self.index} of {self.path}: rows {lo}..{hi - 1} cannot be "
+                                          f"read from their mutable segment file (a power loss without "
+                                          f"sync=True can do this): {e}") from e
+
+    def _indexed(self, start: int, end: int, parts: Iterable[list[bytes]]):
+        """A new mutable segment holding rows ``start`` .. ``end - 1``, whose stored JSON
+        bytes ``parts`` gives a list at a time, indexed as stored (no document is decoded)."""
+        builder = self._new_builder(start, max_depth=1 << 20)  # they were checked when written
+        try:
+            for raws in parts:
+                first = start + builder.n_rows
+                _, errors = self._add(builder.add_json, raws)
+                if errors:
+                    i, e = errors[0]
+                    raise CorruptionError(f"shard {self.index} of {self.path}: stored row {first + i} "
+                                          f"cannot be indexed: {e}")
+            if start + builder.n_rows != end:
+                raise CorruptionError(f"shard {self.index} of {self.path}: rows end at {start + builder.n_rows}, "
+                                      f"next row id is {end}")
         except BaseException:
             builder.close()
             builder.unlink()
@@ -187,13 +237,18 @@ class ShardWriter(Shard):
             self._rebuild_builder()
 
     def _rebuild_builder(self) -> None:
-        """Replace the active builder by one re-indexed from the row store: after a failed
+        """Replace the active builder by one holding only its stored rows: after a failed
         write it holds rows that were never stored (readers of older states keep the old one,
         whose extra rows their row limit hides)."""
         state = self._state
         mem = state.views[-1]
+        old = mem.seg.builder
+        n = state.next_row_id - mem.base
         try:
-            builder = self._index_rows(mem.base, state.next_row_id)
+            builder = self._indexed(mem.base, state.next_row_id,
+                                    ([old.row(i) for i in range(lo, min(lo + RECOVERY_ROWS, n))]
+                                     for lo in range(0, n, RECOVERY_ROWS)))
+            self._record_tail(builder)
         except StorageError:
             self._broken_builder = True
             raise
@@ -260,8 +315,8 @@ class ShardWriter(Shard):
                     raise CorruptionError(f"shard {self.index}: the builder gave offsets {stored[0][4]}.."
                                           f"{stored[-1][4]} to {len(stored)} documents")
                 old = self._stored_rows([it[1] for it in stored], [it[0] in generated for it in stored])
-                self._write_rows(state, mem.base + stored[0][4], [it[1] for it in stored],
-                                 [it[3] for it in stored], old, replaced, [it[0] for it in stored])
+                self._write_rows(state, mem.base + stored[0][4], [it[1] for it in stored], old, replaced,
+                                 [it[0] for it in stored])
             self._broken_builder = False
         return errors, replaced, out
 
@@ -291,7 +346,7 @@ class ShardWriter(Shard):
             old = self._stored_rows(id_keys, generated)
             self._broken_builder = True  # until the write below succeeded
             first = self._add(mem_view.seg.builder.add_columns, names, arrays, raws)  # refuses before indexing
-            self._write_rows(state, mem_view.seg.base + first, id_keys, raws, old, replaced, range(len(id_keys)))
+            self._write_rows(state, mem_view.seg.base + first, id_keys, old, replaced, range(len(id_keys)))
             self._broken_builder = False
         return replaced
 
@@ -304,19 +359,20 @@ class ShardWriter(Shard):
         got = iter(self.store.multi_get("ids", [k for k, f in zip(id_keys, fresh) if not f]))
         return [None if f else next(got) for f in fresh]
 
-    def _write_rows(self, state: ShardState, first: int, id_keys: list[bytes], raws: list[bytes],
-                    old: list[bytes | None], replaced: list[int], tags) -> None:
-        """Store rows just indexed into the active builder from row id ``first`` on: the
-        rows, their ``_id`` index entries, delete records of the rows they replace (``old``:
-        the ``_id`` index values read before, None for new ids) and the next row id, in one
-        write; then publish them. Appends to ``replaced`` the ``tags`` of the rows that
-        replaced one (a stored row, or an earlier one of these)."""
+    def _write_rows(self, state: ShardState, first: int, id_keys: list[bytes], old: list[bytes | None],
+                    replaced: list[int], tags) -> None:
+        """Store rows just indexed into the active builder from row id ``first`` on (their
+        bytes are in its file): their ``_id`` index entries, delete records of the rows they
+        replace (``old``: the ``_id`` index values read before, None for new ids) and the
+        next row id, in one write; then publish them. Appends to ``replaced`` the ``tags`` of
+        the rows that replaced one (a stored row, or an earlier one of these)."""
         next_row = first + len(id_keys)
         if first != state.next_row_id:
             raise CorruptionError(f"shard {self.index}: rows from {first} assigned, {state.next_row_id} expected")
         rid_keys = list(map(u64, range(first, next_row)))
+        if self.store.sync:
+            state.views[-1].seg.builder.sync()
         wb = self.store.batch()
-        wb.put_all("rows", rid_keys, raws)
         wb.put_all("ids", id_keys, rid_keys)
         dels: list[int] = []
         if len(set(id_keys)) < len(id_keys) or any(o is not None for o in old):
@@ -434,7 +490,9 @@ class ShardWriter(Shard):
 
     def _rotated(self, state: ShardState) -> ShardState:
         """``state`` with a fresh active builder; the full one goes to the sealer."""
-        fresh = View(MemSegment(self._new_builder(state.next_row_id), owned=True), 0, EMPTY)
+        builder = self._new_builder(state.next_row_id)
+        self._record_tail(builder)
+        fresh = View(MemSegment(builder, owned=True), 0, EMPTY)
         self.maintenance.seal_later()
         return ShardState(state.views + (fresh,), state.next_row_id)
 

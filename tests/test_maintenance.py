@@ -1,15 +1,20 @@
-"""maintenance: a seal moves its rows from the row store into the segment file, a flush
-gives the row store's space back, and a merge carries the rows of files written before
-rows moved into them."""
+"""maintenance: a seal moves a mutable segment's rows into the segment file (the row store
+never holds them); rows an older version kept in the row store move out at their seal and
+a flush gives that space back; a merge carries the rows of files written before rows moved
+into them."""
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import orjson
 
 import rtindex
-from rtindex.keys import u64
+from rtindex import keys
+from rtindex._impl import tail_rows
+from rtindex.keys import from_u64, u64
+from rtindex.shard import TAILS_DIR, tail_path
 from rtindex.storage import Store
 from tests.test_segfile import _without_rows
 
@@ -33,23 +38,50 @@ def test_a_seal_moves_rows_into_its_file_and_reads_find_them(tmp_path):
         shard = c._shards[0]
         sealed = _sealed(shard)
         assert sealed and all(v.seg.file.has_rows for v in sealed)
-        end = sealed[-1].base + sealed[-1].seg.n
-        assert _rows_in_row_store(shard, 0, end) == 0  # the segment files hold them now
-        assert _rows_in_row_store(shard, end, 1 << 40) == shard.state.next_row_id - end  # the tail's
+        assert _rows_in_row_store(shard, 0, 1 << 40) == 0  # segment files and the tail file hold them
         assert sorted(c.snapshot().fetch(c.snapshot().all()), key=lambda d: d["_id"]) == docs
         assert [c.get(i) for i in (0, 99, 100, 349)] == [docs[i] for i in (0, 99, 100, 349)]
+        tails = list(shard.store.scan("meta", keys.META_TAIL, keys.prefix_upper_bound(keys.META_TAIL)))
+        active = shard.state.views[-1]
+        assert [(keys.meta_tail_base(k), from_u64(v)) for k, v in tails] == [(active.base, active.seg.fid)]
 
 
-def test_flush_gives_the_row_stores_space_back(tmp_path):
-    with rtindex.open(str(tmp_path / "db"), seal_rows=2000) as db:
+def _as_an_older_version_left_it(shard_path: str) -> None:
+    """Put a closed shard's unsealed rows into the row store and drop its mutable segment
+    files and their ``T`` records: what a version that kept unsealed rows there left."""
+    store = Store(shard_path)
+    tails = [(keys.meta_tail_base(k), from_u64(v))
+             for k, v in store.scan("meta", keys.META_TAIL, keys.prefix_upper_bound(keys.META_TAIL))]
+    next_row = from_u64(store.get("meta", keys.META_NEXT_ROW))
+    wb = store.batch()
+    for base, fid in tails:
+        raws = tail_rows(tail_path(shard_path, base, fid), 0, next_row - base)
+        wb.put_all("rows", [u64(base + o) for o in range(len(raws))], raws)
+        wb.delete("meta", keys.meta_tail(base))
+    store.write(wb)
+    store.close()
+    shutil.rmtree(os.path.join(shard_path, TAILS_DIR))
+
+
+def test_rows_an_older_version_kept_in_the_row_store_move_out_and_flush_gives_the_space_back(tmp_path):
+    path = str(tmp_path / "db")
+    docs = [{"_id": i, "_event_time": T, "pad": os.urandom(300).hex()} for i in range(6000)]
+    with rtindex.open(path, seal_rows=100_000) as db:
         c = db.create_collection("c", shards=1)
-        c.ingest([{"_id": i, "pad": os.urandom(300).hex()} for i in range(6000)])
+        c.ingest(docs)
+        shard_path = c._shards[0].path
+    _as_an_older_version_left_it(shard_path)
+    with rtindex.open(path, seal_rows=2000, row_cache_bytes=0) as db:
+        c = db["c"]
         shard = c._shards[0]
+        assert shard.row_store_end == 6000 and not os.listdir(os.path.join(shard_path, TAILS_DIR))[1:]
         shard.store.flush_memtables()
         before = shard.store._cf["rows"].property_int_value("rocksdb.total-sst-files-size")
         c.flush()
         after = shard.store._cf["rows"].property_int_value("rocksdb.total-sst-files-size")
         assert before > 6000 * 300 and after < before / 4
+        assert _rows_in_row_store(shard, 0, 1 << 40) == 0
+        assert sorted(c.snapshot().fetch(c.snapshot().all()), key=lambda d: d["_id"]) == docs
 
 
 def test_a_merge_carries_the_rows_of_older_files(tmp_path):

@@ -1516,3 +1516,38 @@ def test_column_types_and_copies(impl):
                 expect = [True] * len(offs)
             assert pyvalues(vals) == expect, (n, ck)
             assert len(offs) == (n - (n + 3) // 7 if name == "s" else n)
+
+
+# ---------------------------------------------------------------- the rows' file (recovery)
+
+
+def _tail_rows_of(builder_cls):
+    import rtindex._py.segment as py
+
+    if builder_cls is PySegmentBuilder:
+        return py.tail_rows
+    from rtindex._ext._segment import tail_rows
+
+    return tail_rows
+
+
+@pytest.mark.parametrize("builder_cls", IMPLS)
+def test_tail_rows_reads_the_rows_written_published_or_not(tmp_path, builder_cls):
+    path = str(tmp_path / "t.rtt")
+    b = builder_cls(path, 100)
+    raws = dumps(*({"i": i, "s": "é" * (i % 7)} for i in range(700)))
+    b.add_json(raws[:300])
+    b.publish(300, 0)
+    b.add_json(raws[300:] + [b"[1]"])  # the refused one is not a row
+    tail_rows = _tail_rows_of(builder_cls)
+    assert tail_rows(path, 0, 700) == raws  # published or not
+    assert tail_rows(path, 650, 700) == raws[650:] and tail_rows(path, 5, 5) == []
+    with pytest.raises(ValueError, match="row 700"):
+        tail_rows(path, 690, 701)
+    b.close()
+    with open(path, "r+b") as f:  # cut short: the later rows are gone
+        f.truncate(os.path.getsize(path) // 3 if builder_cls is PySegmentBuilder else 4096)
+    with pytest.raises(ValueError, match="not in the file|past the end"):
+        tail_rows(path, 0, 700)
+    with pytest.raises(ValueError):
+        tail_rows(str(tmp_path / "t.rtt"), 3, 2)

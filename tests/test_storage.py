@@ -27,7 +27,8 @@ def sst_files(coll) -> int:
 
 
 def docs(prefix: str, n: int, start: int = 0) -> list[dict]:
-    return [{"_id": f"{prefix}-{i}", "text": "x" * 400, "n": i} for i in range(start, start + n)]
+    """Documents whose ``_id`` entries fill memtables (the rows go to mutable segment files)."""
+    return [{"_id": f"{prefix}-{i}-" + "x" * 400, "n": i} for i in range(start, start + n)]
 
 
 def test_an_idle_collection_gives_its_write_buffers_back(tmp_path):

@@ -230,3 +230,4 @@ cdef class SegmentBuilder:
     cdef object _dense(self, uint64_t cid, uint64_t k, uint64_t n)
     cdef _batch_failed(self, int code, uint64_t extra)
     cdef list _sort_prepare(self, TermSort* s)
+    cdef list _stored_rows(self, uint64_t start, uint64_t stop)

@@ -3110,6 +3110,37 @@ cdef class SegmentBuilder:
         rec = (<uint64_t*>dir_get(&self.t, &self.t.h.rowpos, off, 8))[0]
         return PyBytes_FromStringAndSize(<const char*>bytes_data(&self.t, rec), bytes_len(&self.t, rec))
 
+    cdef list _stored_rows(self, uint64_t start, uint64_t stop):
+        """See ``tail_rows``."""
+        cdef Tail* t = &self.t
+        cdef uint64_t i, k, q, chunk, rec, end
+        cdef uint32_t n
+        self._check()
+        end = os.fstat(t.fd).st_size if t.fd >= 0 else t.h.size
+        end = min(end, t.h.size, t.mapped)
+        out = []
+        for i in range(start, stop):
+            q = (i >> DIR_SHIFT) + 1
+            k = <uint64_t>(63 - rt_clz64(q))
+            chunk = rt_ld64(&t.h.rowpos.chunk[k]) if k < DIR_CHUNKS else 0
+            if chunk == 0 or chunk + ((i - (((<uint64_t>1 << k) - 1) << DIR_SHIFT)) + 1) * 8 > end:
+                raise ValueError(f"{self._path}: row {i} is not in the file")
+            rec = (<uint64_t*>dir_get(t, &t.h.rowpos, i, 8))[0]
+            if rec < sizeof(Header) or rec + 4 > end:
+                raise ValueError(f"{self._path}: row {i} is not in the file")
+            n = bytes_len(t, rec)
+            if rec + 4 + n > end:
+                raise ValueError(f"{self._path}: row {i} runs past the end of the file")
+            out.append(PyBytes_FromStringAndSize(<const char*>bytes_data(t, rec), n))
+        return out
+
+    def sync(self):
+        """Make the rows added so far durable against a power loss (fdatasync of the file;
+        a process crash never loses them: they are in the page cache)."""
+        self._check()
+        if self.t.fd >= 0:
+            getattr(os, "fdatasync", os.fsync)(self.t.fd)
+
     # ------------------------------------------------------------ seal
 
     cdef list _sort_prepare(self, TermSort* s):
@@ -3369,6 +3400,21 @@ cdef int parse_int_token(const unsigned char* p, size_t i, size_t n, size_t* end
         out[0] = <int64_t>v
     end[0] = i
     return 0
+
+
+def tail_rows(path, start, stop):
+    """The JSON bytes of rows ``start`` .. ``stop - 1`` of the mutable segment file ``path``
+    as it holds them, published or not: a restarted writer's recovery reads them, knowing
+    from the row store which are durable. ValueError where the file does not hold one (cut
+    short or damaged, or not such a file)."""
+    start, stop = _index(start), _index(stop)
+    if start < 0 or stop < start:
+        raise ValueError(f"tail_rows({start}, {stop})")
+    cdef SegmentBuilder b = SegmentBuilder.attach(path)
+    try:
+        return b._stored_rows(start, stop)
+    finally:
+        b.close()
 
 
 def scan_top(raw):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
+import os
 from array import array
 from typing import Any
 
@@ -188,6 +189,30 @@ def _leaf(path, tag, enc, value, in_array, terms, cols):
         cols.append((ck, value))
 
 
+PY_TAIL_MAGIC = b"RTPYTAIL"  # the reference builder's file: this, then (u32 length, bytes) per row
+
+
+def tail_rows(path, start: int, stop: int) -> list[bytes]:
+    """Rows ``start`` .. ``stop - 1`` of the reference builder's file ``path`` (see the
+    compiled ``tail_rows``); ValueError where the file does not hold one."""
+    if start < 0 or stop < start:
+        raise ValueError(f"tail_rows({start}, {stop})")
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(PY_TAIL_MAGIC):
+        raise ValueError(f"{path} is not a mutable segment file of the reference builder")
+    out, at, i = [], len(PY_TAIL_MAGIC), 0
+    while i < stop:
+        n = int.from_bytes(data[at : at + 4], "little")
+        if at + 4 + n > len(data) or at + 4 > len(data):
+            raise ValueError(f"{path}: row {i} is not in the file")
+        if i >= start:
+            out.append(data[at + 4 : at + 4 + n])
+        at += 4 + n
+        i += 1
+    return out
+
+
 class SegmentBuilder:
     """In-memory postings, column values and row bytes of the newest rows of one shard."""
 
@@ -195,6 +220,12 @@ class SegmentBuilder:
         self.max_depth = max_depth
         self.path = path
         self.base = operator.index(base)
+        # with a path, the rows' bytes also go to a file, each batch written through before
+        # add_json/add_columns return, so that a restarted writer finds them (``tail_rows``)
+        self._fd = -1
+        if path is not None:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            os.write(self._fd, PY_TAIL_MAGIC)
         self.writer = True
         self._postings: dict[bytes, array] = {}
         self._terms_by_column: dict[bytes, list[bytes]] = {}
@@ -230,10 +261,30 @@ class SegmentBuilder:
         self._published = (rows, log_seq)
 
     def close(self) -> None:
-        pass
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
 
     def unlink(self) -> None:
-        pass
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def sync(self) -> None:
+        """fdatasync the rows' file (a process crash never loses what was written)."""
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def _write_through(self, raws: list[bytes]) -> None:
+        if self._fd >= 0 and raws:
+            data = b"".join(len(r).to_bytes(4, "little") + r for r in raws)
+            while data:
+                data = data[os.write(self._fd, data):]
 
     def add_json(self, docs: list[bytes]) -> tuple[list[int], list[tuple[int, SchemaError]]]:
         """Index each JSON document as the next row, each all or nothing: ``(offsets,
@@ -252,6 +303,7 @@ class SegmentBuilder:
                 errors.append((i, e))
                 continue
             offsets.append(self._apply(terms, cols, raw))
+        self._write_through([raw for raw, off in zip(docs, offsets) if off >= 0])
         return offsets, errors
 
     def add_columns(self, names, arrays, raws) -> int:
@@ -277,6 +329,7 @@ class SegmentBuilder:
         off = len(self._rows)
         for (terms, cols), raw in zip(indexed, raws):
             self._apply(terms, cols, raw)
+        self._write_through(raws)
         return off
 
     def _apply(self, terms: list[bytes], cols: list[tuple[bytes, Any]], raw: bytes) -> int:
