@@ -46,7 +46,7 @@ from typing import Any, Iterator
 import orjson
 
 from rtindex import documents
-from rtindex._impl import SegmentBuilder, nonfinite_path, scan_top
+from rtindex._impl import SegmentBuilder, scan_top
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import SchemaError
 
@@ -128,7 +128,7 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
     The chunk's dicts are serialized together, in one orjson call, and each then takes the
     path of a document given as text (its ``_id`` and ``_event_time`` read by the compiled
     scan, what is missing spliced in); a dict that path cannot take whole (an unusual
-    ``_id`` or ``_event_time``, a null that may be a NaN) goes through :func:`documents.identify`
+    ``_id`` or ``_event_time``, a NaN or an infinity) goes through :func:`documents.identify`
     and :func:`documents.serialize` as any dict would."""
     now = documents.now_us()
     out = Chunk([[] for _ in range(n_shards)], set(), {})
@@ -138,9 +138,9 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
         line = None
         if type(doc) is bytes:  # one JSON document as text
             doc = line_type(None, doc)
-        if type(doc) is dict and texts is not None:
+        if type(doc) is dict and texts is not None and texts[pos] is not None:
             got = _scanned(texts[pos], now, limits)
-            if type(got) is tuple and (b"null" not in got[2] or nonfinite_path(doc) is None):
+            if type(got) is tuple:
                 doc_id, id_key, raw, generated = got
                 out.route(idx, doc_id, id_key, None, raw, generated)
                 continue
@@ -172,9 +172,10 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
 
 
 def _dict_texts(chunk: list) -> list | None:
-    """The JSON text of each dict of ``chunk`` at its position (None elsewhere), from one
-    orjson call over all of them; None when there are none, or when one is not plain JSON
-    (then each dict is serialized on its own, and converted where it needs it)."""
+    """The JSON text of each dict of ``chunk`` at its position (None elsewhere, and for a
+    dict holding a NaN or an infinity), from :func:`documents.plain_texts`; None when there
+    are none, or when one is not plain JSON (then each dict is serialized on its own, and
+    converted where it needs it)."""
     dicts = [doc for _, doc in chunk if type(doc) is dict]
     texts = documents.plain_texts(dicts) if dicts else None
     if texts is None:
