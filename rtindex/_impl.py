@@ -70,6 +70,7 @@ if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
     from rtindex._py.notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
     from rtindex._py.segment import (
         SegmentBuilder,
+        identify_texts,
         member_span,
         nonfinite_path,
         scan_top,
@@ -94,6 +95,7 @@ else:
         from rtindex._ext._notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
         from rtindex._ext._segment import (
             SegmentBuilder,
+            identify_texts,
             member_span,
             nonfinite_path,
             scan_top,
@@ -119,6 +121,7 @@ __all__ = [
     "block_items",
     "block_range",
     "copy_json",
+    "identify_texts",
     "member_span",
     "merge_blocks",
     "nonfinite_path",

@@ -8,7 +8,7 @@ column at a time, with pyarrow compute and numpy, for the batches where that is 
   (``columns.INDEXABLE_TYPES``): integers to int64 (uint64 only when every value fits),
   floats to double with NaN as null, dictionaries decoded, timestamps and durations to
   int64 microseconds (floored, as numpy's ``astype("M8[us]")`` does);
-- ``_id`` is kept (a string or integer column) or filled with ``documents.new_id()`` where
+- ``_id`` is kept (a string or integer column) or filled with ``documents.new_ids()`` where
   missing or null; ``_event_time`` kept (an integer column, checked as
   ``documents.event_time_of(check=True)`` checks one, or a timestamp column) or filled with
   ``now_us``; a missing one goes at the end, ``_id`` first, as ``identify`` puts them;
@@ -38,7 +38,7 @@ from rtindex.documents import (
     EVENT_TIME_MIN_US,
     MAX_ID_BYTES,
     Limits,
-    new_id,
+    new_ids,
 )
 from rtindex.duck import json_objects
 
@@ -96,7 +96,7 @@ def prepare(batch: pa.RecordBatch, now_us: int, limits: Limits) -> Prepared | No
         arrays[at], generated = filled
     else:
         names.append("_id")
-        arrays.append(pa.array([new_id() for _ in range(n)], pa.string()))
+        arrays.append(pa.array(new_ids(n), pa.string()))
         generated = [True] * n
     if "_event_time" not in names:
         names.append("_event_time")
@@ -201,7 +201,7 @@ def _filled_ids(arr: pa.Array) -> tuple[pa.Array, list[bool]] | None:
     the column is not strings or integers (or integers with nulls)."""
     n = len(arr)
     if arr.null_count == n:
-        return pa.array([new_id() for _ in range(n)], pa.string()), [True] * n
+        return pa.array(new_ids(n), pa.string()), [True] * n
     if arr.type == _INT64:
         return (arr, [False] * n) if arr.null_count == 0 else None
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
@@ -211,8 +211,8 @@ def _filled_ids(arr: pa.Array) -> tuple[pa.Array, list[bool]] | None:
     missing = arr.is_null().to_numpy(zero_copy_only=False)
     at = np.flatnonzero(missing)
     ids = arr.to_pylist()
-    for i in at.tolist():
-        ids[i] = new_id()
+    for i, fresh in zip(at.tolist(), new_ids(len(at))):
+        ids[i] = fresh
     return pa.array(ids, arr.type), missing.tolist()
 
 

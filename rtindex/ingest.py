@@ -46,7 +46,7 @@ from typing import Any, Iterator
 import orjson
 
 from rtindex import documents
-from rtindex._impl import SegmentBuilder, scan_top
+from rtindex._impl import SegmentBuilder, identify_texts
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import SchemaError
 
@@ -125,38 +125,48 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
     """Identify, serialize and route a chunk of ``(input index, document)`` items (a document
     is a dict, a documents.Line, or the SchemaError of an input that could not be read).
 
-    The chunk's dicts are serialized together, in one orjson call, and each then takes the
-    path of a document given as text (its ``_id`` and ``_event_time`` read by the compiled
-    scan, what is missing spliced in); a dict that path cannot take whole (an unusual
-    ``_id`` or ``_event_time``, a NaN or an infinity) goes through :func:`documents.identify`
-    and :func:`documents.serialize` as any dict would."""
+    The chunk's dicts are serialized together (:func:`_dict_texts`), and each then takes the
+    path of a document given as text: the texts are identified in one compiled call
+    (``identify_texts``: ``_id`` and ``_event_time`` read by a scan of the top level, what is
+    missing spliced in); a dict that path cannot take whole (an unusual ``_id`` or
+    ``_event_time``, a NaN or an infinity) goes through :func:`documents.identify` and
+    :func:`documents.serialize` as any dict would, and a text that path cannot take is
+    parsed."""
     now = documents.now_us()
     out = Chunk([[] for _ in range(n_shards)], set(), {})
     line_type, identify, serialize = documents.Line, documents.identify, documents.serialize
     texts = _dict_texts(chunk)
+    items = []  # (input index, the document, its text to identify or None)
     for pos, (idx, doc) in enumerate(chunk):
-        line = None
         if type(doc) is bytes:  # one JSON document as text
             doc = line_type(None, doc)
-        if type(doc) is dict and texts is not None and texts[pos] is not None:
-            got = _scanned(texts[pos], now, limits)
+        if type(doc) is dict:
+            items.append((idx, doc, texts[pos] if texts is not None else None))
+        elif type(doc) is line_type:
+            if doc.numbered:
+                out.lines.add(idx)
+            items.append((idx, doc, doc.raw if doc.doc is None else None))
+        else:
+            items.append((idx, doc, None))
+    scanned = iter(_identified([t for _, _, t in items if t is not None], now, limits))
+    for idx, doc, text in items:
+        line = None
+        if text is not None:
+            got = next(scanned)
             if type(got) is tuple:
                 doc_id, id_key, raw, generated = got
                 out.route(idx, doc_id, id_key, None, raw, generated)
                 continue
-        elif type(doc) is line_type:
-            if doc.numbered:
-                out.lines.add(idx)
-            if doc.doc is None:
-                got = _from_text(doc.raw, now, limits)
-                if type(got) is tuple:
-                    doc_id, id_key, raw, generated = got
-                    out.route(idx, doc_id, id_key, None, raw, generated)
+            if type(doc) is line_type:
+                if type(got) is _Refused:
+                    out.error(idx, got.doc_id, got.error)
                     continue
+                got = _parsed(doc.raw, limits)
                 if type(got) is _Refused:
                     out.error(idx, got.doc_id, got.error)
                     continue
                 doc.doc = got
+        if type(doc) is line_type:
             doc, line = doc.doc, doc.raw
         elif isinstance(doc, SchemaError):
             out.errors.append(ItemError(idx, None, doc.path, doc.message))
@@ -184,14 +194,23 @@ def _dict_texts(chunk: list) -> list | None:
     return [next(it) if type(doc) is dict else None for _, doc in chunk]
 
 
-def _from_text(raw: bytes, now: int, limits: Limits):
-    """A document given as JSON text, identified without parsing it: ``(_id, id key, the
-    text to store, whether the _id was generated)``, with ``_id`` and ``_event_time`` added
-    at its end when missing. Else the document parsed (it needs the general path), or why
-    it is refused (a :class:`_Refused`)."""
-    got = _scanned(raw, now, limits)
-    if got is not None:
-        return got
+def _identified(texts: list[bytes], now: int, limits: Limits) -> list:
+    """For each document given as JSON text, identified without parsing it: ``(_id, id key,
+    the text to store, whether the _id was generated)``, with ``_id`` and ``_event_time``
+    added at its end when missing; a :class:`_Refused` for one too large; None for one
+    that must be parsed."""
+    out = identify_texts(texts, now, limits.max_document_bytes, documents.EVENT_TIME_MIN_US,
+                         documents.EVENT_TIME_MAX_US, documents.new_ids)
+    for i, got in enumerate(out):
+        if type(got) is tuple and len(got) == 2:
+            out[i] = _Refused(got[0], SchemaError(f"document is {got[1]} bytes, more than max_document_bytes="
+                                                  f"{limits.max_document_bytes}"))
+    return out
+
+
+def _parsed(raw: bytes, limits: Limits):
+    """A document given as text that the scan could not take whole, parsed; or why it is
+    refused (a :class:`_Refused`)."""
     if len(raw) > limits.max_document_bytes:  # (not parsed: it would be refused anyway)
         return _Refused(None, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
                                           f"{limits.max_document_bytes}"))
@@ -202,34 +221,6 @@ def _from_text(raw: bytes, now: int, limits: Limits):
     if type(doc) is not dict:  # what the indexer says of it
         return _Refused(None, json_error(raw, limits.max_depth) or SchemaError("a document must be a JSON object"))
     return doc
-
-
-def _scanned(raw: bytes, now: int, limits: Limits):
-    """What :func:`_from_text` returns for a document the compiled scan reads whole (or a
-    :class:`_Refused` for one too large), None for one that must be parsed."""
-    status, doc_id, id_key, et, close, members = scan_top(raw)
-    if status != 0:
-        return None
-    if len(raw) > limits.max_document_bytes:
-        return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
-                                            f"{limits.max_document_bytes}"))
-    if et is not None and not documents.EVENT_TIME_MIN_US <= et < documents.EVENT_TIME_MAX_US:
-        return None
-    added = b""
-    generated = doc_id is None
-    if generated:
-        doc_id = documents.new_id()
-        id_key = documents.encode_id(doc_id)
-        added = b'"_id":"' + doc_id.encode() + b'"'
-    if et is None:
-        added += (b"," if added else b"") + b'"_event_time":' + str(now).encode()
-    if not added:
-        return doc_id, id_key, raw.strip(), generated
-    raw = raw[:close].rstrip() + (b"," if members else b"") + added + b"}"
-    if len(raw) > limits.max_document_bytes:
-        return _Refused(doc_id, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
-                                            f"{limits.max_document_bytes}"))
-    return doc_id, id_key, raw, generated
 
 
 class _Refused:

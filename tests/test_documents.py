@@ -15,7 +15,7 @@ from rtindex.errors import SchemaError
 
 
 def test_generated_ids_are_distinct_hex_across_pool_refills():
-    ids = [documents.new_id() for _ in range(3 * documents._IdPool._IDS + 7)]
+    ids = [documents.new_id() for _ in range(documents._IdPool._IDS + 7)] + documents.new_ids(2 * documents._IdPool._IDS)
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
 
@@ -23,15 +23,15 @@ def test_generated_ids_are_distinct_hex_across_pool_refills():
 def test_generated_ids_grow_and_start_with_the_time():
     """Ids only grow, also across pool refills and when the clock stands still or goes
     back: RocksDB appends their index entries instead of searching its memtable."""
-    ids = [documents.new_id() for _ in range(3 * documents._IdPool._IDS + 7)]
+    ids = [documents.new_id() for _ in range(documents._IdPool._IDS + 7)] + documents.new_ids(2 * documents._IdPool._IDS)
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     before_ms = time.time_ns() // 1_000_000
-    assert before_ms <= int(documents._IdPool().take()[:12], 16) <= time.time_ns() // 1_000_000
+    assert before_ms <= int(documents._IdPool().take(1)[0][:12], 16) <= time.time_ns() // 1_000_000
     pool = documents._IdPool()
     with mock.patch.object(documents.time, "time_ns", return_value=10**18):  # a clock stuck...
-        stuck = [pool.take() for _ in range(2 * pool._IDS + 1)]
+        stuck = pool.take(2 * pool._IDS - 3) + pool.take(4)  # across refills
     with mock.patch.object(documents.time, "time_ns", return_value=10**15):  # ...then set back
-        back = [pool.take() for _ in range(pool._IDS + 1)]
+        back = [pool.take(1)[0] for _ in range(pool._IDS + 1)]
     every = stuck + back
     assert every == sorted(every) and len(set(every)) == len(every)
     assert [int(i[:12], 16) for i in every[:: pool._IDS]] == [10**12 + k for k in range(4)]

@@ -1551,3 +1551,43 @@ def test_tail_rows_reads_the_rows_written_published_or_not(tmp_path, builder_cls
         tail_rows(path, 0, 700)
     with pytest.raises(ValueError):
         tail_rows(str(tmp_path / "t.rtt"), 3, 2)
+
+
+# ---------------------------------------------------------------- identify_texts (ingest)
+
+ID_VALUES = st.one_of(st.none(), STRINGS, INTS, st.booleans(), st.just(1.5), st.just("a\\b"), st.just("x" * 1025))
+
+
+@st.composite
+def identified_texts(draw):
+    """A document's text as ingest gets it: maybe an ``_id`` of any kind, maybe an
+    ``_event_time``, by any serializer, maybe padded with whitespace; or hostile text."""
+    doc = draw(documents())
+    if draw(st.booleans()):
+        doc = {"_id": draw(ID_VALUES), **doc}
+    raw = draw(st.sampled_from(sorted(SERIALIZERS)))
+    text = SERIALIZERS[raw](doc) if raw != "orjson" or all(isinstance(k, str) for k in doc) else orjson.dumps(doc)
+    pad = draw(st.sampled_from([b"", b" ", b"\n", b" \t\r\n "]))
+    return draw(st.one_of(st.just(pad + text + pad), HOSTILE_TEXTS, MUTATED))
+
+
+@needs_ext
+@_settings(300)
+@given(st.lists(identified_texts(), min_size=1, max_size=6), st.integers(0, 3_000))
+@example([b' {"a": 1} ', b'{}', b'{"_id": "x", "_event_time": 5}', b'{"_id": 7}'], 2_000)
+def test_identify_texts_matches_the_reference(texts, max_bytes):
+    import rtindex._ext._segment as cy
+    import rtindex._py.segment as py
+
+    def new_ids(n):  # the same each time: the scans may differ on which texts take one
+        return ["0123456789abcdef0123456789abcdef"] * n
+
+    now, lo, hi = 1_700_000_000_000_000, 315_532_800_000_000, 32_503_680_000_000_000
+    got = cy.identify_texts(texts, now, max_bytes, lo, hi, new_ids)
+    want = py.identify_texts(texts, now, max_bytes, lo, hi, new_ids)
+    for text, g, w in zip(texts, got, want):
+        if w is None or g is None:  # the reference parses: it may take what the scan leaves to the parse
+            continue
+        assert g == w, text
+        if len(g) == 4:
+            assert orjson.loads(g[2])["_id"] == g[0]  # what is stored says the _id it was given

@@ -2,7 +2,7 @@
 
 from array import array
 from os import PathLike
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -52,6 +52,8 @@ class SegmentBuilder:
     def _test_fail_alloc_after(self, nbytes: int) -> None: ...
 
 def tail_rows(path: str, start: int, stop: int) -> list[bytes]: ...
+def identify_texts(texts: list[bytes], now_us: int, max_bytes: int, et_min: int, et_max: int,
+                   new_ids: Callable[[int], list[str]]) -> list[tuple | None]: ...
 def scan_top(raw: bytes) -> tuple[int, Any, bytes | None, int | None, int, bool]:
     """(status, _id, id key, _event_time, closing brace position, has members) of a document."""
 def split_array(data: bytes, start: int = 0) -> list[bytes] | None:

@@ -3528,6 +3528,82 @@ def scan_top(raw):
         return 2, None, None, None, 0, False
 
 
+def identify_texts(list texts, int64_t now_us, Py_ssize_t max_bytes, int64_t et_min, int64_t et_max, new_ids):
+    """What ingest needs of each JSON document of ``texts`` (bytes) before indexing it, read
+    by ``scan_top`` without parsing the rest: ``(_id, its id key, the text to store, whether
+    the _id was generated)``, the text stripped of surrounding whitespace and with ``_id``
+    (from ``new_ids(k)``, k str ids, called once) and ``_event_time`` (``now_us``) added at
+    its end where missing;
+    ``(_id or None, size)`` for a text over ``max_bytes`` bytes (as given, or with what was
+    added); None for one that must be parsed (``scan_top`` cannot read it whole, or its
+    ``_event_time`` is outside ``[et_min, et_max)``)."""
+    cdef bytes et_text = b'"_event_time":' + str(now_us).encode()
+    cdef bytes raw, idb, out_raw
+    cdef const unsigned char* p
+    cdef unsigned char* q
+    cdef Py_ssize_t n, a, b, size
+    cdef bint generated, add_et
+    scans = [scan_top(raw) for raw in texts]
+    fresh = iter(new_ids(sum(1 for sc in scans if sc[0] == 0 and sc[1] is None)))
+    out = []
+    for raw, sc in zip(texts, scans):
+        status, doc_id, id_key, et, close, members = sc
+        if status != 0:
+            out.append(None)
+            continue
+        n = PyBytes_GET_SIZE(raw)
+        if n > max_bytes:
+            out.append((doc_id, n))
+            continue
+        if et is not None and not et_min <= et < et_max:
+            out.append(None)
+            continue
+        p = <const unsigned char*>PyBytes_AS_STRING(raw)
+        generated = doc_id is None
+        add_et = et is None
+        if not generated and not add_et:  # as given, without surrounding whitespace
+            a = 0
+            b = n
+            while a < b and is_ws(p[a]):
+                a += 1
+            while b > a and is_ws(p[b - 1]):
+                b -= 1
+            out.append((doc_id, id_key, raw if a == 0 and b == n else raw[a:b], False))
+            continue
+        idb = b""
+        if generated:
+            doc_id = next(fresh)
+            idb = b'"_id":"' + (<str>doc_id).encode() + b'"'
+            id_key = b"\x05" + (<str>doc_id).encode().replace(b"\x00", b"\x00\xff") + b"\x00\x00"
+        b = <Py_ssize_t>close
+        while b > 0 and is_ws(p[b - 1]):
+            b -= 1
+        size = b + (1 if members else 0) + len(idb) + (1 if generated and add_et else 0) + \
+            (len(et_text) if add_et else 0) + 1
+        if size > max_bytes:
+            out.append((doc_id, size))
+            continue
+        out_raw = PyBytes_FromStringAndSize(NULL, size)
+        q = <unsigned char*>PyBytes_AS_STRING(out_raw)
+        memcpy(q, p, b)
+        a = b
+        if members:
+            q[a] = 0x2C
+            a += 1
+        if generated:
+            memcpy(q + a, PyBytes_AS_STRING(idb), len(idb))
+            a += len(idb)
+            if add_et:
+                q[a] = 0x2C
+                a += 1
+        if add_et:
+            memcpy(q + a, PyBytes_AS_STRING(et_text), len(et_text))
+            a += len(et_text)
+        q[a] = 0x7D
+        out.append((doc_id, id_key, out_raw, generated))
+    return out
+
+
 def split_array(data, Py_ssize_t start=0):
     """The elements of the JSON array at ``data[start:]`` (its last byte ends the text, but
     for whitespace) as bytes each, found without parsing them: what ingest takes a JSON

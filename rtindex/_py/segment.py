@@ -27,7 +27,7 @@ import math
 import operator
 import os
 from array import array
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 import pyarrow as pa
@@ -79,6 +79,40 @@ def scan_top(raw: bytes) -> tuple:
     if status:
         return 1, None, None, None, close, bool(doc)
     return 0, doc_id, id_key, et, close, bool(doc)
+
+
+def identify_texts(texts: list[bytes], now_us: int, max_bytes: int, et_min: int, et_max: int,
+                   new_ids: Callable[[int], list[str]]) -> list[tuple | None]:
+    """For each text, ``(_id, id key, text to store, generated)``, ``(_id or None, size)``
+    for one too large, or None for one to parse (the contract of the compiled
+    ``identify_texts``)."""
+    scans = [scan_top(raw) for raw in texts]
+    fresh = iter(new_ids(sum(1 for sc in scans if sc[0] == 0 and sc[1] is None)))
+    out: list[tuple | None] = []
+    for raw, (status, doc_id, id_key, et, close, members) in zip(texts, scans):
+        if status != 0:
+            out.append(None)
+            continue
+        if len(raw) > max_bytes:
+            out.append((doc_id, len(raw)))
+            continue
+        if et is not None and not et_min <= et < et_max:
+            out.append(None)
+            continue
+        added = b""
+        generated = doc_id is None
+        if generated:
+            doc_id = next(fresh)
+            id_key = bytes((keys.STRING,)) + keys.encode_string(doc_id)
+            added = b'"_id":"' + doc_id.encode() + b'"'
+        if et is None:
+            added += (b"," if added else b"") + b'"_event_time":' + str(now_us).encode()
+        if not added:
+            out.append((doc_id, id_key, raw.strip(b" \t\r\n"), False))
+            continue
+        text = raw[:close].rstrip(b" \t\r\n") + (b"," if members else b"") + added + b"}"
+        out.append((doc_id, len(text)) if len(text) > max_bytes else (doc_id, id_key, text, generated))
+    return out
 
 
 def split_array(data: bytes, start: int = 0) -> list[bytes] | None:
