@@ -37,7 +37,11 @@ def test_an_idle_collection_gives_its_write_buffers_back(tmp_path):
     and each later write elsewhere would flush a memtable of one write."""
     with rtindex.open(str(tmp_path / "db"), write_buffer_bytes=32 << 20) as db:
         idle = db.create_collection("idle", shards=2)
-        idle.ingest(docs("a", 40_000), batch_size=2_000)  # ~7/8 of the budget, no flush yet
+        wb = db._runtime.write_buffers.manager
+        loaded = 0
+        while wb.get_usage() < (32 << 20) * 3 // 4:  # 3/4 of the budget, no flush yet
+            idle.ingest(docs("a", 2_000, loaded), batch_size=2_000)
+            loaded += 2_000
         assert active_entries(idle) > 0
         time.sleep(storage.WriteBuffers.IDLE_SECONDS + 0.05)
         busy = db.create_collection("busy", shards=1)
@@ -49,7 +53,7 @@ def test_an_idle_collection_gives_its_write_buffers_back(tmp_path):
             time.sleep(0.05)
         assert not all(shard_entries(s) for s in idle._shards), "no idle shard was flushed"
         assert sst_files(busy) < writes // 10, "the busy collection flushed its memtables again and again"
-        assert idle.count() == 40_000 and busy.count() == writes * 250
+        assert idle.count() == loaded and busy.count() == writes * 250
 
 
 def test_a_collection_being_written_keeps_its_memtables(tmp_path, monkeypatch):
