@@ -203,8 +203,7 @@ def _identified(texts: list[bytes], now: int, limits: Limits) -> list:
                          documents.EVENT_TIME_MAX_US, documents.new_ids)
     for i, got in enumerate(out):
         if type(got) is tuple and len(got) == 2:
-            out[i] = _Refused(got[0], SchemaError(f"document is {got[1]} bytes, more than max_document_bytes="
-                                                  f"{limits.max_document_bytes}"))
+            out[i] = _too_large(got[0], got[1], limits)
     return out
 
 
@@ -212,8 +211,7 @@ def _parsed(raw: bytes, limits: Limits):
     """A document given as text that the scan could not take whole, parsed; or why it is
     refused (a :class:`_Refused`)."""
     if len(raw) > limits.max_document_bytes:  # (not parsed: it would be refused anyway)
-        return _Refused(None, SchemaError(f"document is {len(raw)} bytes, more than max_document_bytes="
-                                          f"{limits.max_document_bytes}"))
+        return _too_large(None, len(raw), limits)
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -221,6 +219,11 @@ def _parsed(raw: bytes, limits: Limits):
     if type(doc) is not dict:  # what the indexer says of it
         return _Refused(None, json_error(raw, limits.max_depth) or SchemaError("a document must be a JSON object"))
     return doc
+
+
+def _too_large(doc_id: Any, size: int, limits: Limits) -> _Refused:
+    return _Refused(doc_id, SchemaError(f"document is {size} bytes, more than max_document_bytes="
+                                        f"{limits.max_document_bytes}"))
 
 
 class _Refused:
