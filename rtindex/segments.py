@@ -21,7 +21,7 @@ from pyroaring import BitMap, FrozenBitMap
 from rtindex import columns, keys, segfile
 from rtindex._impl import block_first_last, block_items, block_range
 from rtindex.chunkcache import ChunkCache
-from rtindex.errors import CorruptionError
+from rtindex.errors import CorruptionError, StorageError
 from rtindex.segfile import SegmentFile
 
 EMPTY = FrozenBitMap()
@@ -139,7 +139,10 @@ class Segment:
         segment are in the row store (a file written before rows moved into segment files)."""
         if not self.file.has_rows or off not in self.live:
             return None
-        return self.file.row(off if self.live_dense else self.live.rank(off) - 1)
+        try:
+            return self.file.row(off if self.live_dense else self.live.rank(off) - 1)
+        except OSError as e:  # (a write reads the version it replaces: StorageError is what it may raise)
+            raise StorageError(f"cannot read segment file {self.file.path}: {e}") from e
 
     def _chunks(self, colkeys: list[bytes], cache: ChunkCache) -> list[columns.Chunk | None]:
         n = len(self.live)
@@ -160,7 +163,10 @@ class Segment:
         key = (self.file.path, column_key)
         chunk = cache.get(key)
         if chunk is None:
-            arr = self.file.column(column_key)
+            try:
+                arr = self.file.column(column_key)
+            except OSError as e:
+                raise StorageError(f"cannot read segment file {self.file.path}: {e}") from e
             chunk = columns.Chunk(arr)
             cache.put(key, chunk, arr.nbytes)
         return chunk
