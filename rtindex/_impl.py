@@ -68,6 +68,7 @@ if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
     )
     from rtindex._py.lru import RowCache, copy_json, untrack_json
     from rtindex._py.notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
+    from rtindex._py.point import PointLookup
     from rtindex._py.segment import (
         SegmentBuilder,
         identify_texts,
@@ -93,6 +94,7 @@ else:
         )
         from rtindex._ext._lru import RowCache, copy_json, untrack_json
         from rtindex._ext._notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
+        from rtindex._ext._point import PointLookup
         from rtindex._ext._segment import (
             SegmentBuilder,
             identify_texts,
@@ -111,6 +113,7 @@ __all__ = [
     "HAVE_FUTEX",
     "IMPLEMENTATION",
     "MAX_SEGMENTS",
+    "PointLookup",
     "RowCache",
     "SegmentBuilder",
     "Signal",

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 from rtindex import columns, keys
-from rtindex._impl import terms_get
+from rtindex._impl import PointLookup, terms_get
 from rtindex.documents import to_event_time
 from rtindex.errors import ClosedError
 from rtindex.rowcache import copy_json
@@ -141,6 +141,7 @@ class Snapshot:
         # the planners' questions (has_type, column_types), answered once per snapshot: each
         # asks every view, and every query asks them again
         self._memo: dict[tuple[str, bytes], Any] = {}
+        self._point: PointLookup | None = None  # made by the first point query
 
     def _check(self) -> None:
         if self._coll.closed:
@@ -233,6 +234,34 @@ class Snapshot:
             return Postings(self, {})
         hits = self.elements(path, value) if contains else self.term(path, value)
         return hits - self.arrays(path, include_self=not contains) if hits else hits
+
+    def point(self, path: Path, value: Any, contains: bool = False, limit: int | None = None, offset: int = 0,
+              max_rows: int | None = None, charge: list[int] | None = None) -> tuple[int, list[dict] | None]:
+        """:meth:`matching` and :meth:`fetch` of its rows in one compiled call, as a point
+        query runs them: (how many rows match, copies of their documents after the first
+        ``offset``, at most ``limit``; None, and nothing fetched, when that is more than
+        ``max_rows``). ``charge``: see :meth:`fetch`."""
+        self._check()
+        if value is None:
+            return 0, []
+        p = keys.split_path(path)
+        typed = _typed(value)
+        terms = [keys.term(p, tag, v) for tag, v in typed]
+        scalars = [keys.column_key(p, tag) for tag, _ in typed] if contains else None
+        markers = [keys.column_key(p[:i], keys.ARRAY) for i in range(1, len(p) + (0 if contains else 1))]
+        if self._column_keys.isdisjoint(markers) and not self._mem:
+            markers = []  # (see arrays)
+        lookup = self._point
+        if lookup is None:
+            lookup = self._point = self._shards[0].row_cache.point_lookup(*self.point_layout())
+        return lookup.rows(terms, scalars, keys.column_key(p, keys.ARRAY) if contains else None, markers,
+                           limit, offset, True, max_rows, charge)
+
+    def point_layout(self) -> tuple[list[tuple], list[tuple]]:
+        """The views and row sources a PointLookup of this snapshot is made of."""
+        views = [(i, v.base, v.seg, v.limit, v.deleted, v.seg.terms if v.sealed else None)
+                 for i, v in self._views_with_rows]
+        return views, [shard.point_source(st) for shard, st in zip(self._shards, self.states)]
 
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
               hi_inclusive: bool = False, budget: list[int] | None = None) -> Postings:

@@ -91,35 +91,28 @@ class SqlEngine:
         """A point query (``Query.point``): the result, plan and warnings of the general
         index path, which is the only path for documents, without building what its
         choice and its other cases need (the scan's blockers, the planner's evaluator
-        state, the executor). A lookup that returns a row or two is a few microseconds of
-        posting lists and cached rows; those objects cost several times that, and a
-        key-value lookup is what this kind of query is run for, at high rates
-        (tests/test_sql_point.py checks the two paths agree). None: a result over
-        ``max_result_bytes``, which the general path refuses (with a stream to read it), or
-        of more than ``max_rows`` rows when given."""
+        state, the executor): from the terms to the copied rows it is one compiled call
+        (Snapshot.point). A key-value lookup is what this kind of query is run for, at
+        high rates (tests/test_sql_point.py checks the two paths agree). None: more than
+        ``max_rows`` rows when given; under ``max_result_bytes``, more rows than the
+        general path measures rather than estimates (it estimates the rest from a sample
+        and refuses, with a stream to read it, what is over the budget), or a measured
+        result over it."""
         checked = check_params(q, params)
         leaf = q.point
         value = bind_operand(leaf.value, checked, q.sql)
         limit, offset = int_param(q.limit, checked, q.sql), int_param(q.offset, checked, q.sql) or 0
         snap = snapshot_of(self._lookup, q.collection, q.sql)
-        rows = snap.matching(leaf.path, value, contains=isinstance(leaf, P.ArrayContains))
-        n = len(rows)
-        plan = Plan(q.collection, "index", STAR_REASON, snap.count(), n, index_cost_us=n * ROW_COST)
-        n_out = max(0, n - offset) if limit is None else max(0, min(n - offset, limit))
-        if max_rows is not None and n_out > max_rows:
-            return None
         budget = self.max_result_bytes
+        if budget is not None:  # a few rows are measured; more are estimated from a sample by the general path
+            max_rows = SAMPLE_ROWS if max_rows is None else min(max_rows, SAMPLE_ROWS)
+        charge = [0] if budget is not None else None
         t1 = time.perf_counter()
-        charge = [0]
-        if budget is not None and n_out > SAMPLE_ROWS:  # estimated, as run_plain does, before fetching all
-            snap.fetch(rows, SAMPLE_ROWS, offset=offset, copy=False, charge=charge)
-            if charge[0] * n_out // SAMPLE_ROWS > budget:
-                return None
-        measure = budget is not None and n_out <= SAMPLE_ROWS
-        docs = snap.fetch(rows, n_out, offset=offset, charge=charge if measure else None)
+        n, docs = snap.point(leaf.path, value, isinstance(leaf, P.ArrayContains), limit, offset, max_rows, charge)
         t2 = time.perf_counter()
-        if measure and charge[0] > budget:
+        if docs is None or budget is not None and charge[0] > budget:
             return None
+        plan = Plan(q.collection, "index", STAR_REASON, snap.count(), n, index_cost_us=n * ROW_COST)
         res = Result(None, rows=docs, access="index")
         res.plan = plan
         res.warnings = self.warnings(q, snap, (leaf,))

@@ -1,0 +1,139 @@
+"""Point queries from terms to rows in one call: the reference of ``rtindex/_ext/_point.pyx``.
+
+A point query (``WHERE path = :v``, ``ARRAY_CONTAINS(path, :v)``) looks a few terms up in
+every segment of every shard, keeps the visible rows, and hands back copies of the cached
+rows. Done step by step through the general read path's objects (posting sets per view,
+then a fetch per shard), the steps between the compiled parts cost several times the
+lookup itself; :class:`PointLookup` lays one snapshot's views out once and runs the whole
+way in one call. Both implementations give the same rows in the same order (shard, then
+row id) as ``Snapshot.matching`` followed by ``Snapshot.fetch`` (tests/test_point.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import orjson
+from pyroaring import BitMap
+
+from rtindex._py.lru import copy_json, untrack_json
+
+
+class PointLookup:
+    """One snapshot's views, laid out for point queries.
+
+    ``views``: one ``(shard, base, seg, limit, deleted, terms)`` per view with rows, in shard
+    then base order; ``seg`` has ``postings(term, limit)``, ``has_columns(keys, limit)`` and
+    ``may_have_arrays(keys)`` (rtindex/segments.py); ``terms`` is a sealed segment's
+    TermIndex, None for an in-memory segment. Two views may share a (shard, base) (a
+    replica's in-memory copy of rows the writer has sealed since): their rows are united.
+    ``shards``: per shard, ``(tag, read)``: the row cache key of row 0 of the shard, and
+    ``read(row_ids) -> [bytes]``, the stored texts of rows the snapshot shows.
+    ``cache``: the RowCache (None: off), with ``row_max`` (a row id past it is not cached),
+    ``bytes_per_json_byte`` and ``entry_bytes`` (what an entry is charged), and ``measure``
+    (rtindex.rowcache.json_bytes) for rows whose charge the cache does not hold.
+    """
+
+    def __init__(self, views: list[tuple], shards: list[tuple[int, Callable[[list[int]], list[bytes]]]],
+                 cache: Any, row_max: int, bytes_per_json_byte: int, entry_bytes: int,
+                 measure: Callable[[list[dict]], int]):
+        slot_of: dict[tuple[int, int], int] = {}
+        self._slots: list[tuple[int, int]] = []  # (shard, base), sorted
+        for shard, base, *_ in sorted(views, key=lambda v: (v[0], v[1])):
+            if (shard, base) not in slot_of:
+                slot_of[(shard, base)] = len(self._slots)
+                self._slots.append((shard, base))
+        # (slot, seg, limit, deleted) per view; the sealed ones' term indexes in one list
+        self._views = [(slot_of[(v[0], v[1])], v[2], v[3], v[4]) for v in views]
+        self._sealed = [i for i, v in enumerate(views) if v[5] is not None]
+        self._terms = [views[i][5] for i in self._sealed]
+        self._mem = [i for i, v in enumerate(views) if v[5] is None]
+        self._shards = shards
+        self._cache = cache
+        self._row_max = row_max
+        self._per_byte = bytes_per_json_byte
+        self._entry = entry_bytes
+        self._measure = measure
+
+    def rows(self, terms: list[bytes], scalars: list[bytes] | None, marker: bytes | None,
+             array_markers: list[bytes], limit: int | None, offset: int, copy: bool,
+             max_rows: int | None, charge: list[int] | None) -> tuple[int, list[dict] | None]:
+        """``(n, rows)``: the number of visible rows holding one of ``terms`` (with
+        ``scalars``, in a view having one of those column keys, only rows also holding
+        ``marker``: ARRAY_CONTAINS's elements), less those holding one of ``array_markers``;
+        and their documents after the first ``offset``, at most ``limit`` (copies with
+        ``copy``, else the cached objects). ``rows`` is None, and nothing fetched, when
+        there would be more than ``max_rows``. ``charge``: see RowStoreCache.rows."""
+        views = self._views
+        hits: dict[int, BitMap] = {}  # view -> offsets
+        for term in terms:
+            for v, index in zip(self._sealed, self._terms):
+                bm = index.get(term)
+                if bm is not None:
+                    hits[v] = hits[v] | bm if v in hits else bm
+        for v in self._mem:
+            _, seg, lim, _ = views[v]
+            for term in terms:
+                bm = seg.postings(term, lim)
+                if bm:
+                    hits[v] = hits[v] | bm if v in hits else bm
+        per_slot: dict[int, BitMap] = {}
+        for v, bm in hits.items():
+            slot, seg, lim, deleted = views[v]
+            if deleted:
+                bm = bm - deleted
+            if scalars is not None and bm and seg.has_columns(scalars, lim):
+                bm = bm & seg.postings(marker, lim)
+            if bm:
+                per_slot[slot] = per_slot[slot] | bm if slot in per_slot else bm
+        if array_markers and per_slot:
+            for v, (slot, seg, lim, deleted) in enumerate(views):
+                if slot in per_slot and seg.may_have_arrays(array_markers):
+                    for m in array_markers:
+                        per_slot[slot] = per_slot[slot] - seg.postings(m, lim)
+        n = sum(len(bm) for bm in per_slot.values())
+        n_out = max(0, n - offset) if limit is None else max(0, min(n - offset, limit))
+        if max_rows is not None and n_out > max_rows:
+            return n, None
+        wanted: list[tuple[int, int]] = []  # (shard, row id)
+        skip = offset
+        for slot in sorted(per_slot):
+            if len(wanted) >= n_out:
+                break
+            shard, base = self._slots[slot]
+            offs = list(per_slot[slot])
+            if skip >= len(offs):
+                skip -= len(offs)
+                continue
+            wanted.extend((shard, base + o) for o in offs[skip:skip + n_out - len(wanted)])
+            skip = 0
+        docs = self._fetch(wanted, charge)
+        return n, [copy_json(d) for d in docs] if copy else docs
+
+    def _fetch(self, wanted: list[tuple[int, int]], charge: list[int] | None) -> list[dict]:
+        """The decoded rows of ``wanted`` through the cache (shared objects)."""
+        cache = self._cache
+        keys = [self._shards[s][0] | r if cache is not None and r <= self._row_max else None for s, r in wanted]
+        docs = [cache.get(k) if k is not None else None for k in keys]
+        missing = [i for i, d in enumerate(docs) if d is None]
+        by_shard: dict[int, list[int]] = {}
+        for i in missing:
+            by_shard.setdefault(wanted[i][0], []).append(i)
+        put_keys, put_docs, sizes = [], [], []
+        for shard, at in by_shard.items():
+            for i, raw in zip(at, self._shards[shard][1]([wanted[i][1] for i in at])):
+                d = docs[i] = untrack_json(orjson.loads(raw))
+                if keys[i] is not None:
+                    put_keys.append(keys[i])
+                    put_docs.append(d)
+                    sizes.append(len(raw) * self._per_byte + self._entry)
+        if put_keys:
+            cache.put_many(put_keys, put_docs, sizes)
+        if charge is not None:
+            cached = [k for k in keys if k is not None]
+            total, absent = cache.charged(cached) if cached else (0, 0)
+            if absent or len(cached) < len(keys):
+                charge[0] += self._measure(docs)
+            else:
+                charge[0] += total - self._entry * len(docs)
+        return docs
