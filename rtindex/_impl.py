@@ -66,6 +66,7 @@ if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
         merge_blocks,
         terms_get,
     )
+    from rtindex._py.gather import gather
     from rtindex._py.lru import RowCache, copy_json, untrack_json
     from rtindex._py.notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
     from rtindex._py.point import PointLookup
@@ -92,6 +93,7 @@ else:
             merge_blocks,
             terms_get,
         )
+        from rtindex._ext._gather import gather
         from rtindex._ext._lru import RowCache, copy_json, untrack_json
         from rtindex._ext._notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
         from rtindex._ext._point import PointLookup
@@ -124,6 +126,7 @@ __all__ = [
     "block_items",
     "block_range",
     "copy_json",
+    "gather",
     "identify_texts",
     "member_span",
     "merge_blocks",

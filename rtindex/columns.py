@@ -8,12 +8,13 @@ Arrow IPC streams so a scan maps them back without copying.
 from __future__ import annotations
 
 from array import array
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
 
 from rtindex import keys
+from rtindex._impl import gather as gather_parts
 from rtindex.errors import CorruptionError
 
 ARROW_TYPES = {
@@ -133,97 +134,41 @@ def decode(data: bytes | pa.Buffer) -> pa.Array:
 
 
 class Chunk:
-    """A column chunk with its Arrow buffers seen as numpy arrays (no copy), to take values
-    at positions from: a query that reads a few fields of the rows an index matched takes
-    from every segment of every shard, and an Arrow take's fixed cost per call is many
-    times numpy's (measured: docs/benchmarks.md, "Queries"). :func:`gather` joins what was
-    taken from many chunks into one Arrow array (every type: ints, floats, timestamps,
-    bools, strings, nulls).
+    """A column chunk with its Arrow buffers at hand, to take values at positions from: a
+    query that reads a few fields of the rows an index matched takes from every segment of
+    every shard, and :func:`gather` joins what it took from all of them in one compiled
+    call per column (rtindex/_py/gather.py says how a part is laid out)."""
 
-    Eight-byte values (and string offsets) are read as raw 8-byte items ("V8") and viewed as
-    numbers once taken: a chunk mapped from a segment file need not be 8-byte aligned, and
-    numpy is much slower on unaligned int64s than on "V8" items."""
-
-    __slots__ = ("array", "_start", "_valid", "_values", "_offsets", "_dtype")
+    __slots__ = ("array", "_buffers")
 
     def __init__(self, arr: pa.Array):
         self.array = arr
-        self._start = arr.offset
         bufs = arr.buffers()
-        self._valid = np.frombuffer(bufs[0], dtype=np.uint8) if arr.null_count else None  # (bits)
-        self._offsets = None
-        self._dtype = None  # (None: bits)
+        valid = bufs[0] if arr.null_count else None
         if arr.type == pa.large_string():
-            self._offsets = _items(bufs[1], arr.offset, len(arr) + 1)
-            self._values = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
-        elif arr.type == pa.bool_():
-            self._values = np.frombuffer(bufs[1], dtype=np.uint8)  # (bits)
+            data, offsets = (bufs[2] if bufs[2] is not None else b""), bufs[1]
         else:
-            self._dtype = _NUMPY[arr.type.id]
-            self._values = _items(bufs[1], arr.offset, len(arr))
+            data, offsets = bufs[1], None
+        self._buffers = (data, offsets, valid, arr.offset) if data is not None else (None, None, None, 0)
 
-    def take(self, positions: np.ndarray) -> Taken:
-        """The values at ``positions`` (an intp array), for :func:`gather`."""
-        valid = _bits(self._valid, positions + self._start) if self._valid is not None else None
-        if self._offsets is not None:
-            starts = self._offsets.take(positions).view(np.int64)
-            lengths = self._offsets.take(positions + 1).view(np.int64) - starts
-            ends = np.cumsum(lengths)
-            at = np.repeat(starts + lengths - ends, lengths) + np.arange(ends[-1] if len(ends) else 0)
-            return Taken(len(positions), (lengths, self._values.take(at)), valid)
-        if self._dtype is None:
-            return Taken(len(positions), _bits(self._values, positions + self._start), valid)
-        return Taken(len(positions), self._values.take(positions).view(self._dtype), valid)
+    def part(self, positions: np.ndarray) -> tuple:
+        """The part of a :func:`gather` that takes the values at ``positions`` (int64)."""
+        return (*self._buffers, positions)
 
 
-class Taken(NamedTuple):
-    """Values :meth:`Chunk.take` took: ``values`` None when all are null, else a numpy array
-    (for strings: (byte lengths, the bytes)); ``valid`` None when none is null."""
-
-    n: int
-    values: np.ndarray | tuple[np.ndarray, np.ndarray] | None
-    valid: np.ndarray | None
+def missing_part(positions: np.ndarray) -> tuple:
+    """A part of nulls, for the rows of a segment that has no chunk of the column."""
+    return (None, None, None, 0, positions)
 
 
-def null_taken(n: int) -> Taken:
-    """``n`` nulls, as taken from a chunk a segment does not have."""
-    return Taken(n, None, np.zeros(n, dtype=bool))
+_KINDS = {pa.large_string().id: 2, pa.bool_().id: 1}  # (rtindex/_py/gather.py; else 8-byte values)
 
 
-def gather(tag: int, parts: list[Taken]) -> pa.Array:
-    """One Arrow array of type tag ``tag`` holding ``parts`` one after the other."""
+def gather(tag: int, parts: list[tuple]) -> pa.Array:
+    """One Arrow array of type tag ``tag`` holding the values of ``parts`` one after the other."""
     t = ARROW_TYPES[tag]
-    n = sum(p.n for p in parts)
-    validity, null_count = None, 0
-    if any(p.valid is not None for p in parts):
-        valid = np.concatenate([p.valid if p.valid is not None else np.ones(p.n, dtype=bool) for p in parts])
-        null_count = n - int(np.count_nonzero(valid))
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    if t == pa.large_string():
-        lengths = np.concatenate([np.zeros(0, np.int64)] + [p.values[0] if p.values is not None
-                                                            else np.zeros(p.n, np.int64) for p in parts])
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        data = np.concatenate([np.zeros(0, np.uint8)] + [p.values[1] for p in parts if p.values is not None])
-        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count)
-    if t == pa.bool_():
-        values = np.concatenate([np.zeros(0, bool)] + [p.values if p.values is not None
-                                                       else np.zeros(p.n, bool) for p in parts])
-        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(np.packbits(values, bitorder="little"))], null_count)
-    dtype = _NUMPY[t.id]
-    values = np.concatenate([np.zeros(0, dtype)] + [p.values if p.values is not None
-                                                    else np.zeros(p.n, dtype) for p in parts])
-    return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(values)], null_count)
-
-
-_NUMPY = {pa.int64().id: np.int64, pa.float64().id: np.float64, ARROW_TYPES[keys.TIMESTAMP].id: np.int64}
-
-
-def _items(buf: pa.Buffer, start: int, n: int) -> np.ndarray:
-    """Items ``start`` .. ``start + n - 1`` of a buffer of 8-byte values, as raw bytes."""
-    return np.frombuffer(buf, dtype="V8", count=start + n)[start:]
-
-
-def _bits(bitmap: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The bits of an Arrow bitmap (least significant first) at ``at``, as bools."""
-    return ((bitmap[at >> 3] >> (at & 7).astype(np.uint8)) & 1).astype(bool)
+    n = sum(len(p[4]) for p in parts)
+    null_count, validity, data, offsets = gather_parts(_KINDS.get(t.id, 0), parts)
+    bufs = [pa.py_buffer(validity) if validity is not None else None]
+    bufs += [pa.py_buffer(offsets), pa.py_buffer(data)] if offsets is not None else [pa.py_buffer(data)]
+    return pa.Array.from_buffers(t, n, bufs, null_count)

@@ -127,12 +127,12 @@ class Segment:
         """The offsets among ``rows`` it holds (a new BitMap)."""
         return rows & self.live
 
-    def take(self, colkeys: list[bytes], wanted: np.ndarray, limit: int, cache: ChunkCache) -> list[columns.Taken]:
-        """The values of each column key at the held offsets ``wanted``."""
+    def take(self, colkeys: list[bytes], wanted: np.ndarray, limit: int, cache: ChunkCache) -> list[tuple]:
+        """The :func:`columns.gather` part of each column key at the held offsets ``wanted``."""
         # a chunk holds one value per live offset: take at their ranks
-        at = (wanted.astype(np.intp) if self.live_dense
-              else np.searchsorted(self.live_offsets.to_numpy(zero_copy_only=True), wanted))
-        return [c.take(at) if c is not None else columns.null_taken(len(at)) for c in self._chunks(colkeys, cache)]
+        at = (wanted.astype(np.int64) if self.live_dense
+              else np.searchsorted(self.live_offsets.to_numpy(zero_copy_only=True), wanted).astype(np.int64))
+        return [c.part(at) if c is not None else columns.missing_part(at) for c in self._chunks(colkeys, cache)]
 
     def row(self, off: int) -> bytes | None:
         """The stored text of the row at ``off`` (a held one), or None when the rows of this
@@ -260,9 +260,9 @@ class MemSegment:
         held.remove_range(limit, 1 << 32)  # offsets the view does not show yet
         return held
 
-    def take(self, colkeys: list[bytes], wanted: np.ndarray, limit: int, cache: ChunkCache) -> list[columns.Taken]:
-        at = wanted.astype(np.intp)
-        return [columns.Chunk(c).take(at) for c in self._columns(colkeys, limit)]
+    def take(self, colkeys: list[bytes], wanted: np.ndarray, limit: int, cache: ChunkCache) -> list[tuple]:
+        at = wanted.astype(np.int64)
+        return [columns.Chunk(c).part(at) for c in self._columns(colkeys, limit)]
 
     def row(self, off: int) -> bytes | None:
         return self.builder.row(off) if off < self.builder.n_rows else None

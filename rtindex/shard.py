@@ -260,11 +260,11 @@ class Shard:
             cols = [c.filter(keep) for c in cols]
         return offsets, cols
 
-    def take_view(self, view: View, colkeys: list[bytes], rows: BitMap) -> tuple[np.ndarray, list[columns.Taken]]:
+    def take_view(self, view: View, colkeys: list[bytes], rows: BitMap) -> tuple[np.ndarray, list[tuple]]:
         """(offsets, the values of each column key) of the visible rows of ``view`` among
         ``rows``: the rows an index lookup matched, their fields read from the column store
-        ("add fields") instead of whole documents; :func:`columns.gather` joins the values
-        taken from every view."""
+        ("add fields") instead of whole documents; :func:`columns.gather` joins the parts
+        of every view."""
         held = view.seg.held(rows, view.limit)
         if view.deleted:
             held -= view.deleted

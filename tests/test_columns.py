@@ -65,9 +65,10 @@ def test_gather_equals_arrow_take(data, tag, parts):
     taken, want = [], []
     for _ in range(parts):
         arr, positions = data.draw(chunks(tag))
-        taken.append(columns.Chunk(arr).take(positions) if data.draw(st.booleans())
-                     else columns.null_taken(len(positions)))
-        want.append(arr.take(pa.array(positions, type=pa.int64())) if taken[-1].values is not None or len(positions) == 0
+        positions = np.asarray(positions, dtype=np.int64)
+        present = data.draw(st.booleans())
+        taken.append(columns.Chunk(arr).part(positions) if present else columns.missing_part(positions))
+        want.append(arr.take(pa.array(positions, type=pa.int64())) if present or len(positions) == 0
                     else pa.nulls(len(positions), columns.arrow_type(tag)))
     got = columns.gather(tag, taken)
     got.validate(full=True)
