@@ -27,7 +27,7 @@ directives = {
     "embedsignature": True,
 }
 
-MODULES = ["_segment", "_blocks", "_lru", "_notify", "_point", "_gather"]
+MODULES = ["_segment", "_blocks", "_lru", "_notify", "_point", "_gather", "_groups"]
 
 extensions = [
     Extension(

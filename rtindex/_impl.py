@@ -67,6 +67,7 @@ if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
         terms_get,
     )
     from rtindex._py.gather import gather
+    from rtindex._py.groups import factorize
     from rtindex._py.lru import RowCache, copy_json, untrack_json
     from rtindex._py.notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
     from rtindex._py.point import PointLookup
@@ -94,6 +95,7 @@ else:
             terms_get,
         )
         from rtindex._ext._gather import gather
+        from rtindex._ext._groups import factorize
         from rtindex._ext._lru import RowCache, copy_json, untrack_json
         from rtindex._ext._notify import HAVE_FUTEX, MAX_SEGMENTS, Signal, Wake, Watch
         from rtindex._ext._point import PointLookup
@@ -126,6 +128,7 @@ __all__ = [
     "block_items",
     "block_range",
     "copy_json",
+    "factorize",
     "gather",
     "identify_texts",
     "member_span",

@@ -35,7 +35,7 @@ class Segment:
 
     sealed = True
     __slots__ = ("segid", "base", "n", "live", "file", "column_keys", "column_set", "block_keys", "terms", "term_memo",
-                 "tags_memo", "merged_into", "_live_offsets", "live_dense", "_term_keys", "__weakref__")
+                 "tags_memo", "array_memo", "merged_into", "_live_offsets", "live_dense", "_term_keys", "__weakref__")
 
     def __init__(self, segid: int, file: SegmentFile):
         self.segid = segid
@@ -52,6 +52,7 @@ class Segment:
         self.terms = file.term_index()  # point lookups, in one call
         self.term_memo: dict[bytes, bool] = {}  # column key -> has terms (see has_terms)
         self.tags_memo: dict[bytes, frozenset[int]] = {}  # path key -> its column type tags (column_tags)
+        self.array_memo: dict[bytes, FrozenBitMap] = {}  # array marker -> its rows (array_rows)
         # the segment a merge turned this one into: a reader still holding this one keeps the
         # successor (whose clean-up could drop rows this reader sees) alive too
         self.merged_into: Segment | None = None
@@ -67,6 +68,15 @@ class Segment:
     def postings(self, term: bytes, limit: int) -> BitMap:
         bm = self.terms.get(term)
         return BitMap() if bm is None else bm
+
+    def array_rows(self, marker: bytes, limit: int) -> FrozenBitMap:
+        """The rows holding an array at a path (``marker``, its ARRAY column key): a point
+        query through an array asks for them every time, and they are often most rows of
+        the segment, so they are decoded once."""
+        bm = self.array_memo.get(marker)
+        if bm is None:
+            bm = self.array_memo[marker] = FrozenBitMap(self.postings(marker, limit))
+        return bm
 
     def term_range(self, lo: bytes, hi: bytes, limit: int, budget: list[int] | None) -> BitMap:
         out = BitMap()
@@ -223,6 +233,9 @@ class MemSegment:
 
     def postings(self, term: bytes, limit: int) -> BitMap:
         return BitMap(self.builder.postings(term, limit))
+
+    def array_rows(self, marker: bytes, limit: int) -> BitMap:
+        return self.postings(marker, limit)
 
     def term_range(self, lo: bytes, hi: bytes, limit: int, budget: list[int] | None) -> BitMap:
         b = self.builder

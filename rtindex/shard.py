@@ -165,6 +165,11 @@ class Shard:
             bm -= view.deleted
         return bm
 
+    def array_rows(self, view: View, marker: bytes) -> BitMap:
+        """Offsets of ``view``'s rows (deleted ones too) holding an array where ``marker``
+        (an ARRAY column key) says."""
+        return view.seg.array_rows(marker, view.limit)
+
     def has_arrays(self, view: View, array_keys: list[bytes]) -> bool:
         """False when no row of ``view`` can hold an array at any of ``array_keys`` (ARRAY
         column keys); True when it may (look the markers up)."""

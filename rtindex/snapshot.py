@@ -205,7 +205,7 @@ class Snapshot:
             if v.deleted:
                 bm = bm - v.deleted
             if scalars is not None and shards[i].has_columns(v, scalars):
-                bm &= shards[i].term(v, marker)
+                bm &= shards[i].array_rows(v, marker)
             if bm:
                 k = (i, v.base)
                 parts[k] = parts[k] | bm if k in parts else bm
@@ -253,11 +253,11 @@ class Snapshot:
             markers = []  # (see arrays)
         lookup = self._point
         if lookup is None:
-            lookup = self._point = self._shards[0].row_cache.point_lookup(*self.point_layout())
+            lookup = self._point = self._shards[0].row_cache.point_lookup(*self._point_layout())
         return lookup.rows(terms, scalars, keys.column_key(p, keys.ARRAY) if contains else None, markers,
                            limit, offset, True, max_rows, charge)
 
-    def point_layout(self) -> tuple[list[tuple], list[tuple]]:
+    def _point_layout(self) -> tuple[list[tuple], list[tuple]]:
         """The views and row sources a PointLookup of this snapshot is made of."""
         views = [(i, v.base, v.seg, v.limit, v.deleted, v.seg.terms if v.sealed else None)
                  for i, v in self._views_with_rows]
@@ -313,7 +313,8 @@ class Snapshot:
         def rows_of(shard, v):
             if not shard.has_arrays(v, markers):
                 return None
-            return BitMap().union(*(shard.term(v, m) for m in markers))
+            bm = BitMap().union(*(shard.array_rows(v, m) for m in markers))
+            return bm - v.deleted if v.deleted else bm
         return self._collect(rows_of)
 
     def _ranges(self, ranges: list[tuple[bytes, bytes]], budget: list[int] | None = None) -> Postings:

@@ -93,7 +93,8 @@ def test_scan_of_matched_rows_equals_the_full_scan_filtered(open_db):
         for i in range(start, start + 100, 13):
             c.delete(i)
         c.flush()
-    c.ingest(docs[300:])  # ... and rows in the in-memory segment
+    for k in range(300, 400, 10):  # ... and rows in the in-memory segment (a batch of more than
+        c.ingest(docs[k:k + 10])  # seal_rows would rotate it out whole, to be sealed at any moment)
     for i in range(0, 400, 11):
         c.delete(i)
     s = c.snapshot()

@@ -41,7 +41,7 @@ def make_lookup(cls: type, snap, cache_bytes: int, row_max: int = ROW_MAX):
     else:
         from rtindex._ext._lru import RowCache
         cache = RowCache(cache_bytes) if cache_bytes else None
-    views, sources = snap.point_layout()
+    views, sources = snap._point_layout()
     return cls(views, sources, cache, row_max, DECODED_BYTES_PER_JSON_BYTE, ENTRY_BYTES, json_bytes)
 
 

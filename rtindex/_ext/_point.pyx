@@ -92,7 +92,7 @@ cdef class PointLookup:
             if deleted:
                 bm = bm - deleted
             if scalars is not None and bm and seg.has_columns(scalars, lim):
-                bm = bm & seg.postings(marker, lim)
+                bm = bm & seg.array_rows(marker, lim)
             if bm:
                 slot = self._view_slot[v]
                 old = per_slot.get(slot)
@@ -105,7 +105,7 @@ cdef class PointLookup:
                     if seg.may_have_arrays(array_markers):
                         lim = self._view_limit[v]
                         for m in array_markers:
-                            per_slot[slot] = per_slot[slot] - seg.postings(m, lim)
+                            per_slot[slot] = per_slot[slot] - seg.array_rows(m, lim)
         for bm in per_slot.values():
             n += len(bm)
         n_out = max(0, n - offset)

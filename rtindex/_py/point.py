@@ -23,8 +23,8 @@ class PointLookup:
     """One snapshot's views, laid out for point queries.
 
     ``views``: one ``(shard, base, seg, limit, deleted, terms)`` per view with rows, in shard
-    then base order; ``seg`` has ``postings(term, limit)``, ``has_columns(keys, limit)`` and
-    ``may_have_arrays(keys)`` (rtindex/segments.py); ``terms`` is a sealed segment's
+    then base order; ``seg`` has ``postings(term, limit)``, ``array_rows(marker, limit)``,
+    ``has_columns(keys, limit)`` and ``may_have_arrays(keys)`` (rtindex/segments.py); ``terms`` is a sealed segment's
     TermIndex, None for an in-memory segment. Two views may share a (shard, base) (a
     replica's in-memory copy of rows the writer has sealed since): their rows are united.
     ``shards``: per shard, ``(tag, read)``: the row cache key of row 0 of the shard, and
@@ -83,14 +83,14 @@ class PointLookup:
             if deleted:
                 bm = bm - deleted
             if scalars is not None and bm and seg.has_columns(scalars, lim):
-                bm = bm & seg.postings(marker, lim)
+                bm = bm & seg.array_rows(marker, lim)
             if bm:
                 per_slot[slot] = per_slot[slot] | bm if slot in per_slot else bm
         if array_markers and per_slot:
             for v, (slot, seg, lim, deleted) in enumerate(views):
                 if slot in per_slot and seg.may_have_arrays(array_markers):
                     for m in array_markers:
-                        per_slot[slot] = per_slot[slot] - seg.postings(m, lim)
+                        per_slot[slot] = per_slot[slot] - seg.array_rows(m, lim)
         n = sum(len(bm) for bm in per_slot.values())
         n_out = max(0, n - offset) if limit is None else max(0, min(n - offset, limit))
         if max_rows is not None and n_out > max_rows:
