@@ -117,6 +117,14 @@ def _write_result(result: rtindex.Result, fmt: str, out: IO[str], max_width: int
     outputs.write_text(columns, rows, fmt, out, max_width)
     foot = outputs.footer(len(result), result.seconds, result.access)
     print(foot, file=out if fmt == "table" else sys.stderr if out is sys.stdout else sys.stdout, flush=True)
+    _write_warnings(result, out if fmt == "table" else sys.stderr)
+
+
+def _write_warnings(result: rtindex.Result, out: IO[str]) -> None:
+    """``Result.warnings`` (a field no document has, with what was probably meant), one line
+    each under the footer: on standard error unless they go under a table."""
+    for w in result.warnings:
+        print(f"warning: {w}", file=out, flush=True)
 
 
 def _write_parquet(result: rtindex.Result, path: str) -> None:
@@ -140,6 +148,7 @@ def _sql(args) -> int:
         if args.format == "parquet":
             _write_parquet(result, args.output)
             print(outputs.footer(len(result), result.seconds, result.access))
+            _write_warnings(result, sys.stderr)
             return 0
         with _destination(args.output) as out:
             _write_result(result, args.format, out, args.max_width)

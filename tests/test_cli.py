@@ -136,6 +136,24 @@ def test_sql_prints_an_aligned_table_with_a_footer(data):
     assert FOOTER.match(lines[4]) and lines[4].startswith("2 rows (") and len(lines) == 5
 
 
+def test_sql_prints_the_warnings_of_a_result(data, tmp_path):
+    """A field no document has is a warning with what was probably meant: under the table,
+    or on standard error when the output is data (CSV, JSON, Parquet), one-shot or in the shell."""
+    query = "SELECT _id FROM events WHERE nmae = 'user1'"
+    out = cli("sql", data, query)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert FOOTER.match(lines[-2]) and lines[-1].startswith("warning: ") and "did you mean name?" in lines[-1]
+    for fmt in ("csv", "json"):
+        out = cli("sql", data, query, "--format", fmt)
+        assert out.returncode == 0 and "warning" not in out.stdout
+        assert "did you mean name?" in out.stderr.splitlines()[-1]
+    out = cli("sql", data, query, "--format", "parquet", "--output", tmp_path / "r.parquet")
+    assert out.returncode == 0 and "did you mean name?" in out.stderr
+    out = cli("sql", data, stdin=query + ";\n")
+    assert out.returncode == 0 and "did you mean name?" in out.stdout.splitlines()[-1]
+
+
 def test_sql_cuts_long_cells_and_shows_null_and_json(data):
     out = cli("sql", data, "SELECT _id, note, tags FROM events WHERE _id IN (2, 3) ORDER BY _id", "--max-width", "12")
     assert out.returncode == 0, out.stderr
