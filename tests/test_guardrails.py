@@ -209,6 +209,9 @@ TYPOS = [  # (sql, what the message must say, the text at .position)
     ("SELECT * FROM ev WHERE k = = 1", "syntax error near '='", "="),
     ("SELECT * FROM ev WHERE k = ? AND k = = 1", "syntax error near '='", "= 1"),
     ("SELECT * FROM ev WHERE k = 1 AND k =", "the query ends too early, after '='", "="),
+    ("SELECT COUNT(*) FROM ev GROUP BY", "GROUP BY names nothing to group by", "GROUP BY"),
+    ("SELECT COUNT(*) FROM ev a, ev b GROUP BY", "GROUP BY names nothing to group by", "GROUP BY"),
+    ("SELECT COUNT(*) FROM ev group by LIMIT 3", "GROUP BY names nothing to group by", "group by"),
 ]
 
 

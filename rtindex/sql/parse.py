@@ -400,6 +400,12 @@ class _Parser:
         trees = [t for t in trees if t is not None]
         if len(trees) != 1:
             raise SqlError(f"expected one statement, got {len(trees)}", self.sql)
+        for group in trees[0].find_all(exp.Group):  # (sqlglot reads "GROUP BY" with nothing after it)
+            if not any(group.args.get(k) for k in ("expressions", "all", "rollup", "cube", "grouping_sets")):
+                pos = messages.keyword_position("GROUP BY", self.text)
+                raise SqlError("syntax error: GROUP BY names nothing to group by (give one or more fields or "
+                               "expressions, or leave GROUP BY out)", self.sql,
+                               self.original(pos) if pos is not None else None)
         return trees[0]
 
     def parse(self) -> Query:
