@@ -11,6 +11,7 @@ and closes the database: a write that was answered is in the WAL either way.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -80,18 +81,26 @@ class Supervisor:
                                 pass_fds=fds, start_new_session=True)
 
     def start(self) -> None:
+        """Listen, then make the database and the first admin key (a start that cannot
+        listen makes no key nobody was shown), then start the processes; a key made by a
+        start that fails after that is shown with the failure."""
         cfg = self.config
-        admin_key = self.prepare()
         try:
             self.sock = socket.create_server((cfg.host, cfg.port), backlog=4096)
         except OSError as e:
             raise SystemExit(f"rtindex serve: cannot listen on {cfg.host}:{cfg.port}: {e.strerror}") from None
         self.sock.set_inheritable(True)
         self.port = self.sock.getsockname()[1]
-        self.ingest = self._spawn("ingest")
-        self._wait_ready("ingest", lambda: self._ping_ingest())
-        self.queries = [self._spawn("query") for _ in range(cfg.query_workers)]
-        self._wait_ready("query", lambda: self._ping_public())
+        admin_key = self.prepare()
+        try:
+            self.ingest = self._spawn("ingest")
+            self._wait_ready("ingest", lambda: self._ping_ingest())
+            self.queries = [self._spawn("query") for _ in range(cfg.query_workers)]
+            self._wait_ready("query", lambda: self._ping_public())
+        except SystemExit:
+            if admin_key:
+                self.say(f"  the admin API key this start made (shown once, stored hashed; keep it): {admin_key}")
+            raise
         self._banner(admin_key)
 
     def _ping_ingest(self) -> bool:
@@ -138,7 +147,8 @@ class Supervisor:
             self.say(f"  admin API key (shown once, stored hashed; keep it): {admin_key}")
             auth = f" -H 'Authorization: ApiKey {admin_key}'"
         else:
-            self.say("  API keys: use one you made before (rtindex keys create --data DIR --role read)")
+            self.say(f"  API keys: use one you made before (a new admin key: rtindex keys create --data "
+                     f"{shlex.quote(cfg.data)} --role admin)")
             auth = " -H 'Authorization: ApiKey YOUR_KEY'"
         coll = DEMO_COLLECTION if cfg.demo else "events"
         sql = (f"SELECT event_type, COUNT(*) AS n FROM {coll} GROUP BY event_type ORDER BY n DESC LIMIT 3"

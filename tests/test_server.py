@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -430,3 +432,25 @@ def test_demo_is_loaded_by_the_ingest_process_and_answers_the_banners_query(tmp_
         assert "loading" not in "".join(restarted.output)
     finally:
         restarted.stop()
+
+
+def test_a_start_that_cannot_listen_makes_no_admin_key(tmp_path):
+    """The port is busy: the start fails before it makes a key nobody would see; the next
+    start shows the first admin key, and a later one names how to make an admin key."""
+    data = str(tmp_path / "db")
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        out = subprocess.run([sys.executable, "-P", "-m", "rtindex", "serve", "--data", data, "--port",
+                              str(busy.getsockname()[1])], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "cannot listen on" in out.stderr + out.stdout
+    assert "rtk_" not in out.stdout + out.stderr
+    first = Served(data)
+    try:
+        assert first.admin_key is not None
+    finally:
+        first.stop()
+    again = Served(data)
+    try:
+        text = "".join(again.output)
+        assert again.admin_key is None and "--role admin" in text and "--role read" not in text
+    finally:
+        again.stop()
