@@ -72,7 +72,13 @@ What differs from the embedded database:
   server's reply (None when there was none).
 - **Retries.** A 429 (the server refuses before it reads the request, so nothing was
   done) is retried up to ``retries`` times (3), each after the reply's Retry-After seconds
-  (at most 30); then ``OverloadedError`` with ``.retry_after``. Nothing else is retried.
+  (at most 30); then ``OverloadedError`` with ``.retry_after``. An ingest batch is also
+  sent again, with backoff, for up to ``ingest_retry_seconds`` (30) when the service is
+  restarting its ingest process (502, 503, 504) or cannot be reached: a batch is upserts
+  by ``_id`` (documents without one get theirs before they are sent), so sending it twice
+  stores each document once. When it gives up, the ``StorageError`` says how many
+  documents were stored and from which input position to ingest again. Nothing else is
+  retried.
 """
 
 from __future__ import annotations
@@ -119,6 +125,8 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 NDJSON = "application/x-ndjson"
 BATCH_BYTES = 4 << 20  # an ingest request's NDJSON (the server stores in batches of up to this much)
 MAX_RETRY_WAIT = 30.0  # seconds: the most one Retry-After is honoured for
+RESTARTING = (502, 503, 504)  # what a service whose ingest process restarts answers meanwhile
+INGEST_BACKOFF = (0.05, 2.0)  # seconds: the first wait before an ingest batch is sent again, the longest
 LISTING_WAIT = 10.0  # seconds: the most create/drop wait for the collection listing to show them
 QUERY_SLACK = 5.0  # seconds past timeout_ms a query's reply is waited for
 EVENT_TIME = ("_event_time",)
@@ -129,17 +137,20 @@ class RequestError(RtindexError, ValueError):
     ``limit`` names the server limit it went over (None when it was not a limit)."""
 
 
-def connect(url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3) -> "RemoteDatabase":
+def connect(url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3,
+            ingest_retry_seconds: float = 30.0) -> "RemoteDatabase":
     """A database served by ``rtindex serve`` at ``url``, with the embedded API's shape.
 
     ``api_key`` is sent as ``Authorization: ApiKey <key>``; None reads ``RTINDEX_API_KEY``
     from the environment (and sends none when that is unset too: a ``--no-auth`` server).
     ``timeout``: seconds to wait for a reply (a query given ``timeout_ms`` waits that long
-    plus 5 s). ``retries``: how many times a 429 is retried. Checks the server and the key
-    at once (``StorageError`` if unreachable, ``AccessDeniedError`` for a bad key). See the
-    module documentation (``rtindex.client``) for what differs from ``rtindex.open``.
+    plus 5 s). ``retries``: how many times a 429 is retried. ``ingest_retry_seconds``: how
+    long an ingest batch is sent again while the service restarts or cannot be reached.
+    Checks the server and the key at once (``StorageError`` if unreachable,
+    ``AccessDeniedError`` for a bad key). See the module documentation (``rtindex.client``)
+    for what differs from ``rtindex.open``.
     """
-    return RemoteDatabase(url, api_key, timeout=timeout, retries=retries)
+    return RemoteDatabase(url, api_key, timeout=timeout, retries=retries, ingest_retry_seconds=ingest_retry_seconds)
 
 
 def _retry_after(resp) -> float:
@@ -199,7 +210,8 @@ def _id_key(doc_id: Any) -> tuple:
 class RemoteDatabase:
     """A database behind ``rtindex serve``; make one with :func:`rtindex.connect`."""
 
-    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3):
+    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 30.0, retries: int = 3,
+                 ingest_retry_seconds: float = 30.0):
         import httpx  # here, not at import time: `import rtindex` need not load it
 
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -209,6 +221,10 @@ class RemoteDatabase:
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
         self.retries = retries
+        if isinstance(ingest_retry_seconds, bool) or not isinstance(ingest_retry_seconds, (int, float)) \
+                or not ingest_retry_seconds >= 0:
+            raise ValueError(f"ingest_retry_seconds must be a number >= 0, not {ingest_retry_seconds!r}")
+        self.ingest_retry_seconds = float(ingest_retry_seconds)
         self._httpx = httpx
         key = api_key if api_key is not None else os.environ.get("RTINDEX_API_KEY")
         headers = {"User-Agent": "rtindex-client"}
@@ -521,6 +537,12 @@ class RemoteCollection:
             e.add_note(f"rtindex: ingest into collection {self.name!r} was interrupted; the {len(written)} "
                        f"documents the server had acknowledged stay stored")
             raise
+        except StorageError as e:
+            if batch:
+                e.add_note(f"rtindex: {len(written)} documents of this ingest into collection {self.name!r} "
+                           f"were stored; the batch from input position {batch[0][0]} on was not acknowledged: "
+                           f"ingest again from there (documents already stored are replaced by themselves)")
+            raise
         finally:
             bar.close()
         stats._tally(written, t0)
@@ -575,11 +597,21 @@ class RemoteCollection:
               numbered: set[int] = frozenset()) -> None:
         """POST one batch; record each document's outcome."""
         pending = list(batch)
+        deadline, wait = None, INGEST_BACKOFF[0]
         while True:
             try:
                 resp = self.db._request("POST", self._docs_path(), headers={"Content-Type": NDJSON},
                                         content=b"".join(line + b"\n" for _, _, line in pending))
                 break
+            except StorageError as e:  # the service restarting, or out of reach: send it again for a while
+                if getattr(e, "status", None) not in (*RESTARTING, None):
+                    raise
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self.db.ingest_retry_seconds
+                if now + wait > deadline:
+                    raise
+                self.db._sleep(wait)
+                wait = min(2 * wait, INGEST_BACKOFF[1])
             except RequestError as e:
                 if e.status != 413 or not pending:
                     raise

@@ -4,6 +4,7 @@ the 429/5xx replies, which a test server cannot be made to give on demand)."""
 from __future__ import annotations
 
 import doctest
+import os
 import socket
 import uuid
 
@@ -350,3 +351,60 @@ def test_429_is_retried_after_retry_after_then_overloaded(db, served):
         assert isinstance(e.value, TimeoutError)
     finally:
         d._http.close()
+
+
+def test_ingest_rides_out_a_restarting_ingest_process_and_says_where_to_resume(tmp_path, monkeypatch):
+    """The ingest process killed in the middle of a remote ingest: the service answers 503
+    until it is back, and the client sends the batch again; nothing is lost or doubled. A
+    service that stays away: the error says how many documents were stored and where to
+    resume, and ingesting again from there completes the data."""
+    import re
+    import signal
+    import threading
+
+    s = Served(str(tmp_path / "db"))
+    key = s.admin_key  # (a restart shows no key: the first one stays good)
+    docs = [{"_id": i, "v": i} for i in range(6000)]
+    try:
+        with rtindex.connect(s.url, api_key=s.admin_key) as d:
+            coll = d.create_collection("c", shards=2)
+            sent = []
+
+            def on_send():
+                sent.append(1)
+                if len(sent) == 3:  # in the middle of the ingest
+                    os.kill(s.children()["ingest"][0], signal.SIGKILL)
+            Recorder(d, monkeypatch, on_send)
+            st = coll.ingest(docs, batch_size=200)
+            assert st.n == len(docs) and not st.errors
+            assert len(sent) > len(docs) // 200  # some batch went twice
+            monkeypatch.undo()
+            assert coll.count() == len(docs)
+            assert d.sql("SELECT COUNT(DISTINCT v) AS n FROM c").rows() == [{"n": len(docs)}]
+        with rtindex.connect(s.url, api_key=s.admin_key, ingest_retry_seconds=0.5) as d:
+            coll = d.collection("c")
+            more = [{"_id": f"m{i}", "v": i} for i in range(6000)]
+            calls = []
+
+            def stop_server():
+                calls.append(1)
+                if len(calls) == 4:
+                    threading.Thread(target=s.stop).start()
+                    s.proc.wait(60)
+            Recorder(d, monkeypatch, stop_server)
+            with pytest.raises(rtindex.StorageError) as e:
+                coll.ingest(more, batch_size=500)
+            note = " ".join(getattr(e.value, "__notes__", []))
+            m = re.search(r"(\d+) documents of this ingest .* from input position (\d+) on", note)
+            assert m, note
+            stored, resume = int(m[1]), int(m[2])
+            assert stored == resume == 1500  # three batches acknowledged before the service went away
+    finally:
+        s.stop()
+    s = Served(str(tmp_path / "db"))
+    try:
+        with rtindex.connect(s.url, api_key=key) as d:
+            d.collection("c").ingest(more[resume:], batch_size=500)
+            assert d.collection("c").count() == len(docs) + len(more)
+    finally:
+        s.stop()
