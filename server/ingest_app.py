@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 from typing import Any
 
 import anyio
@@ -113,10 +114,11 @@ class IngestService:
         return b"".join(chunks)
 
     async def _json(self, request: Request):
+        body = await self._body(request)
         try:
-            return orjson.loads(await self._body(request))
+            return orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            raise HttpError(400, "BadRequest", f"the request body is not valid JSON: {e}") from None
+            raise not_json(body, e) from None
 
     async def _documents(self, request: Request, member: str | None) -> list:
         """The documents of a JSON array body (or of the array at ``member`` of a JSON object
@@ -128,7 +130,7 @@ class IngestService:
         try:  # not an array as expected: say what is wrong with it
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError as e:
-            raise HttpError(400, "BadRequest", f"the request body is not valid JSON: {e}") from None
+            raise not_json(body, e) from None
         if member is None:
             if not isinstance(parsed, list):
                 raise HttpError(400, "BadRequest", "the body must be a JSON array of documents "
@@ -331,6 +333,22 @@ class IngestService:
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok", "role": "ingest"})
+
+
+_NON_FINITE = re.compile(rb"-?(NaN|Infinity)\b")
+
+
+def not_json(body: bytes, e: orjson.JSONDecodeError) -> HttpError:
+    """What is wrong with a request body that is not JSON, with what to do for the two
+    mistakes seen most: NDJSON sent as application/json, and NaN or Infinity (which JSON
+    has no words for: Python's json.dumps writes them)."""
+    message = f"the request body is not valid JSON: {e}"
+    start = max(e.pos - 1, 0)
+    if _NON_FINITE.match(body, e.pos) or _NON_FINITE.match(body, start):
+        message += " (NaN and Infinity are not JSON: send null, or the value as a string)"
+    elif str(e).startswith("unexpected content after document") and body[:e.pos].strip().startswith(b"{"):
+        message += f" (one JSON document per line is NDJSON: send it with Content-Type: {NDJSON})"
+    return HttpError(400, "BadRequest", message)
 
 
 def stored_doc(coll: rtindex.Collection, text: str) -> tuple[Any, dict] | None:

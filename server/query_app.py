@@ -28,6 +28,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import rtindex
 
@@ -342,6 +343,17 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, e: HttpError):
         return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _route_error(request: Request, e: StarletteHTTPException):
+        """No such route, or not with this method: in the error shape of every other reply."""
+        where = f"{request.method} {request.url.path[:200]}"
+        if e.status_code == 404:
+            return error_response(HttpError(404, "NotFound", f"no route {where} (the routes are listed at /docs)"))
+        if e.status_code == 405:
+            return error_response(HttpError(405, "MethodNotAllowed", f"{request.url.path[:200]} does not take "
+                                                                      f"{request.method} (the routes: /docs)"))
+        return error_response(HttpError(e.status_code, "BadRequest", str(e.detail)))
 
     @app.exception_handler(rtindex.StorageError)
     async def _storage_error(request: Request, e: rtindex.StorageError):

@@ -211,6 +211,23 @@ def test_limits_and_bad_requests_are_clear(served, admin):
     assert r.status_code == 400 and "fence" in r.json()["message"]
     r = admin.post("/v1/collections/lim/docs", json={"not": "a list"})
     assert r.status_code == 400 and "array" in r.json()["message"]
+    r = admin.post("/v1/collections/lim/docs", content=b'{"_id": "n3"}\n{"_id": "n4"}\n',
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "Content-Type: application/x-ndjson" in r.json()["message"]
+    r = admin.post("/v1/collections/lim/docs", content=b'[{"_id": "n1", "x": NaN}, {"_id": "n2"}]',
+                   headers={"Content-Type": "application/json"})  # a document of an array: an item error
+    assert [it["status"] for it in r.json()["items"]] == ["ERROR", "ADDED"]
+    assert "NaN and Infinity are not JSON" in r.json()["items"][0]["error"]
+    for path, body in (("/v1/collections/lim/docs", b'{"_id": 1, "x": -Infinity}'),
+                       ("/v1/collections/lim/docs/n2", b'[{"op": "add", "path": "/x", "value": NaN}]')):
+        r = admin.request("PATCH" if path.endswith("/n2") else "POST", path, content=body,
+                          headers={"Content-Type": "application/json"})  # the body is refused
+        assert r.status_code == 400 and "NaN and Infinity are not JSON" in r.json()["message"], r.text
+    r = admin.get("/v1/nowhere")  # routes that do not exist answer in the error shape of the others
+    assert r.status_code == 404 and r.json() == {"type": "NotFound", "message": "no route GET /v1/nowhere "
+                                                                                "(the routes are listed at /docs)"}
+    r = admin.put("/v1/query", json={"sql": "SELECT 1"})
+    assert r.status_code == 405 and r.json()["type"] == "MethodNotAllowed"
     # a declared size over the limit is refused before any of the body is read
     host, port = served.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
