@@ -67,7 +67,7 @@ MAX_SHARDS = 1024
 # Threads that index and write shards' parts of an ingest: while one holds the GIL to write
 # RocksDB, another indexes without it (one more than that finds no free core on 2).
 INDEXER_THREADS = 2
-# Memory defaults: sized for a laptop beside a notebook (a demo session peaks near 400 MB);
+# Memory defaults: sized for a laptop beside a notebook;
 # docs/benchmarks.md ("Memory defaults") has what each costs, docs/reference.md when to raise it
 BLOCK_CACHE_BYTES = 64 << 20
 WRITE_BUFFER_BYTES = 64 << 20
