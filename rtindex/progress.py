@@ -4,7 +4,9 @@ between batches, so that an interrupted ingest knows exactly what it stored.
 The bar is tqdm's: widgets in a Jupyter kernel that has ipywidgets (``tqdm.auto``), text on
 stderr anywhere else. By default (``progress=None``) it is shown only when stderr is a
 terminal or the code runs in a notebook kernel, and only once the work has taken
-:data:`DELAY` seconds, so short calls and scripts whose output is piped stay quiet.
+:data:`DELAY` seconds, so short calls and scripts whose output is piped stay quiet: the bar
+is not even made before then (a notebook saves every widget made, shown or not). In a
+notebook the bar is removed when the work is done, so the saved notebook does not keep it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-DELAY = 1.5  # seconds before a bar appears when progress=None
+DELAY = 2.0  # seconds before a bar is made when progress=None
 
 
 def in_notebook() -> bool:
@@ -43,27 +45,41 @@ class Progress:
     def __init__(self, setting: bool | None, total: int | None, unit: str, desc: str):
         self.unit = unit
         self.bar = None
-        self.docs = self.bytes = 0
+        self.docs = self.bytes = self.done = 0  # done: the bar's count (documents, or bytes of the file)
         self.t0 = time.perf_counter()
+        self._make = None  # makes the bar, once it is to be shown
+        self.delay = DELAY if setting is None else 0.0
         show = _someone_watches() if setting is None else bool(setting)
         if not show:
             return
-        if in_notebook() and importlib.util.find_spec("ipywidgets") is not None:
+        notebook = in_notebook()
+        if notebook and importlib.util.find_spec("ipywidgets") is not None:
             from tqdm.auto import tqdm
         else:  # without ipywidgets tqdm.auto would warn and draw text anyway
             from tqdm.std import tqdm
-        self.bar = tqdm(total=total, desc=desc, unit=" docs" if unit == "docs" else unit, unit_scale=True,
-                        unit_divisor=1024 if unit == "B" else 1000, delay=DELAY if setting is None else 0)
+
+        def make(initial: int):
+            return tqdm(total=total, desc=desc, unit=" docs" if unit == "docs" else unit, unit_scale=True,
+                        unit_divisor=1024 if unit == "B" else 1000, initial=initial, leave=not notebook)
+        self._make = make
+        if not self.delay:
+            self.bar = make(0)
 
     def update(self, docs: int, nbytes: int, errors: int, position: int | None = None) -> None:
         """After a batch: ``docs`` read, ``nbytes`` of JSON stored, ``errors`` so far,
         ``position`` in the file (unit "B")."""
-        bar = self.bar
-        if bar is None:
+        if self._make is None:
             return
         self.docs += docs
         self.bytes += nbytes
-        step = docs if self.unit == "docs" else (position or 0) - bar.n
+        done = self.docs if self.unit == "docs" else (position or 0)
+        bar = self.bar
+        if bar is None:  # made once the work has taken the delay
+            if time.perf_counter() - self.t0 < self.delay:
+                self.done = done
+                return
+            bar = self.bar = self._make(self.done)
+        step = done - bar.n
         if bar.total is not None and bar.n + step > bar.total:
             bar.total = bar.n + step  # an input longer than it said: tqdm would warn
         elapsed = max(time.perf_counter() - self.t0, 1e-9)

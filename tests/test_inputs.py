@@ -461,6 +461,32 @@ def test_progress_true_shows_rates_and_false_nothing(db, tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_bar_is_made_only_once_the_work_is_long_and_left_out_of_a_notebook(monkeypatch, capsys):
+    """progress=None where someone watches: a short call makes no bar at all (a notebook
+    saves every widget made); a long one makes it when the delay has passed, counting what
+    was done before; in a notebook it is removed at the end."""
+    from rtindex import progress
+
+    monkeypatch.setattr(progress, "_someone_watches", lambda: True)
+    monkeypatch.setattr(progress, "in_notebook", lambda: False)
+    p = progress.Progress(None, 100, "docs", "c")
+    p.update(10, 1000, 0)
+    assert p.bar is None
+    p.close()
+    assert capsys.readouterr().err == ""
+    p = progress.Progress(None, 100, "docs", "c")
+    p.update(10, 1000, 0)
+    p.t0 -= progress.DELAY  # the work has now taken the delay
+    p.update(30, 3000, 0)
+    assert p.bar is not None and p.bar.n == 40 and p.bar.leave
+    p.close()
+    assert re.search(r"40(\.0)?/100", capsys.readouterr().err)
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    p = progress.Progress(True, 10, "docs", "c")
+    assert p.bar is not None and not p.bar.leave
+    p.close()
+
+
 def _run_in_pty(script: str, *args: str, timeout: float = 120) -> str:
     """Run ``script`` with its stderr on a terminal; what it wrote there."""
     master, slave = pty.openpty()
