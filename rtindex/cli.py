@@ -214,10 +214,10 @@ def _where(path: str, index: int) -> str:
     return f"document {index} (0-based: array item, or line - 1)"
 
 
-def _import_file(coll: rtindex.Collection, path: str, batch_size: int) -> bool:
+def _import_file(coll: rtindex.Collection, path: str, batch_size: int, json_path: str | None = None) -> bool:
     """Ingest one file and print what happened; False when it failed entirely."""
     try:
-        stats = coll.ingest_file(path, errors="report", batch_size=batch_size)
+        stats = coll.ingest_file(path, errors="report", batch_size=batch_size, json_path=json_path)
         size = os.path.getsize(path)
     except (rtindex.RtindexError, ValueError, OSError) as e:  # unreadable: not JSON/Parquet, gzip, a typo
         print(f"{path}: failed: {e}", file=sys.stderr)
@@ -229,6 +229,8 @@ def _import_file(coll: rtindex.Collection, path: str, batch_size: int) -> bool:
         print(f"  {_where(path, err.index)}: {err.message} (at {err.path})", file=sys.stderr)
     if len(stats.errors) > ERRORS_SHOWN:
         print(f"  ... and {len(stats.errors) - ERRORS_SHOWN:,} more", file=sys.stderr)
+    for note in stats.notes:  # (the option of the library's advice is --json-path here)
+        print(f"  note: {note.replace('pass json_path=', 'import with --json-path ')}", file=sys.stderr)
     return stats.n > 0 or not stats.errors
 
 
@@ -259,7 +261,7 @@ def _import(args) -> int:
         ok = True
         try:
             for path in args.files:
-                ok = _import_file(coll, path, args.batch_size) and ok
+                ok = _import_file(coll, path, args.batch_size, args.json_path) and ok
         except KeyboardInterrupt as e:
             for note in getattr(e, "__notes__", ()):  # what was stored stays stored: say how much
                 print(note, file=sys.stderr)
@@ -346,6 +348,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("collection", metavar="COLLECTION", help="the collection (made when missing)")
     p.add_argument("files", metavar="FILE", nargs="+", help="files to ingest, in this order")
     p.add_argument("--shards", type=int, metavar="N", help="shards of a collection the import creates (default 4)")
+    p.add_argument("--json-path", metavar="PATH", help="store the elements of the array at this dotted path "
+                                                       "of each file's one JSON document (such as statuses)")
     p.add_argument("--batch-size", type=int, default=1000, metavar="N",
                    help="documents per write batch (default 1000)")
     return parser

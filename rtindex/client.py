@@ -479,7 +479,7 @@ class RemoteCollection:
 
     # -- writes ---------------------------------------------------------------------
     def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
-               progress: bool | None = None) -> IngestStats:
+               progress: bool | None = None, json_path: str | None = None) -> IngestStats:
         """Store documents; each replaces any stored document with the same ``_id``.
 
         ``docs`` is anything the embedded ``Collection.ingest`` takes (dicts, JSON text,
@@ -488,18 +488,19 @@ class RemoteCollection:
         are sent. Returns the embedded :class:`~rtindex.IngestStats`: ``errors``
         (positions in the whole input), ``replaced``, ``ids``, ``n``, ``fence``,
         ``seconds``; ``bytes`` is the size of the NDJSON lines sent for the stored
-        documents. ``errors`` and ``progress`` work as embedded. The documents are visible
-        to this client's queries when it returns (see the module documentation).
+        documents. ``errors``, ``progress`` and ``json_path`` work as embedded. The documents
+        are visible to this client's queries when it returns (see the module documentation).
         """
         check_ingest_options(batch_size, errors)
-        return self._ingest(open_input(docs, batch_size), batch_size, errors, progress)
+        return self._ingest(open_input(docs, batch_size, json_path), batch_size, errors, progress)
 
     def ingest_file(self, path: str | os.PathLike, *, progress: bool | None = None, errors: str = "warn",
-                    batch_size: int = 1000) -> IngestStats:
+                    batch_size: int = 1000, json_path: str | None = None) -> IngestStats:
         """Store the documents of a file (``.ndjson``, ``.jsonl``, ``.json``, ``.parquet``;
         the JSON ones also ``.gz``), as the embedded ``Collection.ingest_file`` does."""
         check_ingest_options(batch_size, errors)
-        return self._ingest(open_file(path, batch_size), batch_size, errors, progress)
+        source = open_file(path, batch_size) if json_path is None else open_input(path, batch_size, json_path)
+        return self._ingest(source, batch_size, errors, progress)
 
     def _ingest(self, source: Input, batch_size: int, errors: str, progress: bool | None) -> IngestStats:
         t0 = time.perf_counter()

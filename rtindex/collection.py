@@ -23,7 +23,7 @@ from rtindex.errors import (
     SchemaError,
 )
 from rtindex.fence import Fence
-from rtindex.inputs import Input, open_file, open_input, slice_rows
+from rtindex.inputs import Input, array_of_objects, open_file, open_input, slice_rows
 from rtindex.patch import apply_patch
 from rtindex.progress import CtrlC, Progress
 from rtindex.runtime import Runtime
@@ -50,6 +50,7 @@ class IngestStats:
     replaced: list[int] = field(default_factory=list)  # input positions of documents that replaced a stored version
     fence: str = ""  # write fence covering this call (Database.wait_for in a reader process)
     doc_ids: dict = field(default_factory=dict, repr=False)  # input position -> the _id that document had or was given
+    notes: list[str] = field(default_factory=list)  # what the call may not have done as meant (also warned)
 
     def __repr__(self) -> str:
         return (f"IngestStats(n={self.n}, bytes={self.bytes}, seconds={self.seconds:.3f}, "
@@ -173,7 +174,7 @@ class Collection:
 
     # -- writes -------------------------------------------------------------
     def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
-               progress: bool | None = None) -> IngestStats:
+               progress: bool | None = None, json_path: str | None = None) -> IngestStats:
         """Store documents; each replaces any stored document with the same ``_id``.
 
         ``docs`` is an iterable of dicts; the bytes/str of a JSON array or of NDJSON; a file
@@ -192,23 +193,30 @@ class Collection:
         :class:`IngestStats`). ``progress``: a bar with docs/s and MB/s (None: when someone
         can see it and the call takes over a second or two). Ctrl-C stops between
         batches; what was stored stays stored, and the KeyboardInterrupt says how much.
+
+        ``json_path`` (``"statuses"``, ``"data.items"``): the documents are the elements of
+        the array at that path of one JSON document (text or a file), as an API's answer
+        holds them. JSON that is one object and was stored as one document, while it holds
+        an array of objects, gets a note in ``stats.notes`` (and an IngestWarning unless
+        ``errors="report"``) naming the ``json_path`` that would store them.
         """
         self._check_writable()
         check_ingest_options(batch_size, errors)
-        return self._ingest(open_input(docs, batch_size), batch_size, errors, progress)
+        return self._ingest(open_input(docs, batch_size, json_path), batch_size, errors, progress)
 
     def ingest_file(self, path: str | os.PathLike, *, progress: bool | None = None, errors: str = "warn",
-                    batch_size: int = 1000) -> IngestStats:
+                    batch_size: int = 1000, json_path: str | None = None) -> IngestStats:
         """Store the documents of a file, read in batches (never whole, but a JSON array).
 
         The format comes from the name: ``.ndjson``/``.jsonl`` (NDJSON; ``ItemError.index``
         is the line number - 1), ``.json`` (a JSON array, or NDJSON), ``.parquet`` (index:
-        the row number), the JSON ones also ``.gz``. Otherwise as :meth:`ingest`; the bar
-        shows bytes of the file read.
+        the row number), the JSON ones also ``.gz``. Otherwise as :meth:`ingest` (``json_path``
+        too); the bar shows bytes of the file read.
         """
         self._check_writable()
         check_ingest_options(batch_size, errors)
-        return self._ingest(open_file(path, batch_size), batch_size, errors, progress)
+        source = open_file(path, batch_size) if json_path is None else open_input(path, batch_size, json_path)
+        return self._ingest(source, batch_size, errors, progress)
 
     def _ingest(self, source: Input, batch_size: int, errors: str, progress: bool | None) -> IngestStats:
         t0 = time.perf_counter()
@@ -270,8 +278,25 @@ class Collection:
             bar.close()
         stats.fence = self.fence()
         stats._tally(written, t0)
+        if source.json_text and stats.n == 1 and not stats.errors:
+            self._note_one_object(stats, errors)
         stats._settle(errors, stacklevel=4)  # _settle < _ingest < ingest < the caller
         return stats
+
+    def _note_one_object(self, stats: IngestStats, errors: str) -> None:
+        """JSON that was one object, stored as one document: if it holds an array of
+        objects, those were probably the documents meant; say how to store them."""
+        doc = self.get(stats.ids[0])
+        found = array_of_objects(doc) if doc is not None else None
+        if found is None:
+            return
+        path, n = found
+        size = f"{stats.bytes / 1024:,.0f} KB" if stats.bytes >= 10_240 else f"{stats.bytes:,} bytes"
+        note = (f"stored 1 document of {size}; its field {path} is an array of {n:,} "
+                f"objects: pass json_path={path!r} to store them as documents")
+        stats.notes.append(note)
+        if errors != "report":
+            warnings.warn(IngestWarning(note), stacklevel=4)
 
     def _ingest_batch(self, first: int, batch: pa.RecordBatch | list, limits: Limits, n_shards: int,
                       stats: IngestStats, written: dict[bytes, tuple[Any, int]], pipe: ingest.Pipeline) -> int | None:

@@ -62,6 +62,7 @@ class Input:
     # column-wise, rtindex.columnar); a list of (position, document) instead for a part of
     # a DataFrame that Arrow cannot hold exactly. A consumer reads one of the two, never both.
     batches: Iterator[tuple[int, pa.RecordBatch | list[tuple[int, dict]]]] | None = None
+    json_text: bool = False  # JSON text or a JSON file: one object there may hold the documents meant
     _close: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __enter__(self) -> Input:
@@ -71,13 +72,17 @@ class Input:
         self._close.close()  # the files this module opened (never the caller's)
 
 
-def open_input(docs: Any, batch_size: int) -> Input:
-    """The :class:`Input` of anything ``Collection.ingest`` takes (see the module doc)."""
+def open_input(docs: Any, batch_size: int, json_path: str | None = None) -> Input:
+    """The :class:`Input` of anything ``Collection.ingest`` takes (see the module doc);
+    with ``json_path``, the documents of the array at that dotted path of one JSON document
+    (JSON text, a JSON file or an open one)."""
+    if json_path is not None:
+        return _at_json_path(docs, json_path, batch_size)
     if isinstance(docs, (bytes, bytearray, memoryview)):
-        return Input(parse_input(bytes(docs)))
+        return Input(parse_input(bytes(docs)), json_text=True)
     if isinstance(docs, str):
         if docs.lstrip()[:1] in ("", "[", "{"):
-            return Input(parse_input(docs))
+            return Input(parse_input(docs), json_text=True)
         if os.path.isfile(docs):
             return open_file(docs, batch_size)
         raise ValueError(f"ingest() got a str that is neither JSON text (which starts with [ or {{) nor "
@@ -110,6 +115,72 @@ def open_input(docs: Any, batch_size: int) -> Input:
     return Input(enumerate(it), total=len(docs) if isinstance(docs, Sized) else None)
 
 
+def _at_json_path(docs: Any, json_path: str, batch_size: int) -> Input:
+    """The documents of the array at ``json_path`` in one JSON document, read whole."""
+    if not isinstance(json_path, str) or not json_path or any(not k for k in json_path.split(".")):
+        raise ValueError(f"json_path is the dotted path of an array in the JSON document, such as "
+                         f"'statuses' or 'data.items', not {json_path!r}")
+    if isinstance(docs, (bytes, bytearray, memoryview, str)) and not (
+            isinstance(docs, str) and docs.lstrip()[:1] not in ("[", "{") and os.path.isfile(docs)):
+        text = bytes(docs) if not isinstance(docs, str) else docs
+    elif isinstance(docs, (str, os.PathLike)):
+        source = open_file(docs, batch_size)
+        if source.unit != "B":
+            raise ValueError("json_path picks an array inside one JSON document: a .json file, not a Parquet one")
+        with source:
+            docs = [d for _, d in source.items]
+        if len(docs) != 1:
+            raise ValueError(f"json_path picks an array inside one JSON document; the file holds {len(docs)}")
+        return _elements_at(docs[0], json_path)
+    elif hasattr(docs, "read"):
+        text = docs.read()
+    else:
+        raise TypeError(f"json_path picks an array inside one JSON document: give its text or a file, "
+                        f"not {type(docs).__name__}")
+    try:
+        whole = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"json_path needs one JSON document, and this is not one: {e}") from None
+    return _elements_at(whole, json_path)
+
+
+def _elements_at(doc: Any, json_path: str) -> Input:
+    from rtindex.documents import Line
+
+    value, seen = doc, []
+    if isinstance(value, Line):
+        value = value.doc if value.doc is not None else orjson.loads(value.raw)
+    if isinstance(value, SchemaError):
+        raise ValueError(f"json_path needs one JSON document, and this is not one: {value.message}")
+    for key in json_path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            where = ".".join(seen) or "the document"
+            fields = ", ".join(map(repr, list(value)[:10])) if isinstance(value, dict) else "none: not an object"
+            raise ValueError(f"json_path={json_path!r}: {where} has no field {key!r} (its fields: {fields})")
+        value = value[key]
+        seen.append(key)
+    if not isinstance(value, list):
+        raise ValueError(f"json_path={json_path!r} holds a {type(value).__name__}, not an array of documents")
+    return Input(enumerate(value), total=len(value))
+
+
+def array_of_objects(doc: Any, depth: int = 3) -> tuple[str, int] | None:
+    """(dotted path, length) of the longest array of objects (2 or more) in ``doc``, looked
+    for ``depth`` objects deep: what a JSON file that is one object usually holds the
+    documents in (a tweet search's ``statuses``, an API's ``data``)."""
+    best = None
+    if isinstance(doc, dict) and depth:
+        for key, value in doc.items():
+            if isinstance(value, list) and len(value) >= 2 and all(isinstance(v, dict) for v in value[:100]):
+                found = (key, len(value))
+            else:
+                inner = array_of_objects(value, depth - 1)
+                found = (f"{key}.{inner[0]}", inner[1]) if inner else None
+            if found and (best is None or found[1] > best[1]):
+                best = found
+    return best
+
+
 def open_file(path: str | os.PathLike, batch_size: int) -> Input:
     """The :class:`Input` of a file, whose format its name says (:data:`EXTENSIONS`).
 
@@ -136,7 +207,7 @@ def open_file(path: str | os.PathLike, batch_size: int) -> Input:
     raw = source._close.enter_context(open(path, "rb"))
     stream = source._close.enter_context(gzip.GzipFile(fileobj=raw)) if compressed else raw
     source.items = parse_lines(_without_bom(stream)) if fmt == "ndjson" else _json_any(stream)
-    source.total, source.unit, source.tell = size, "B", raw.tell
+    source.total, source.unit, source.tell, source.json_text = size, "B", raw.tell, fmt == "json"
     return source
 
 

@@ -116,7 +116,8 @@ def test_version_matches_the_installed_package():
 
 @pytest.mark.parametrize("command, words", [("sql", ["--param NAME=VALUE", "parquet", "RTINDEX_HISTORY"]),
                                             ("collections", ["--format", "reader"]),
-                                            ("import", ["--shards N", ".parquet", ".gz", "rtindex serve"])])
+                                            ("import", ["--shards N", ".parquet", ".gz", "rtindex serve",
+                                                        "--json-path PATH"])])
 def test_every_command_explains_itself(command, words):
     out = cli(command, "--help")
     assert out.returncode == 0
@@ -356,6 +357,18 @@ def test_import_reports_each_file_and_fails_for_a_file_it_cannot_read(tmp_path):
         assert sorted(d["_id"] for d in db.sql("SELECT _id FROM events").rows()) == ["1", "10", "11", "2", "b"]
     out = cli("import", tmp_path / "db", "events", paths[2])  # again: the same documents, replaced
     assert out.returncode == 0 and out.stdout.splitlines()[-1] == "collection 'events' now has 5 docs"
+
+
+def test_import_of_one_object_holding_documents_says_so_and_json_path_stores_them(tmp_path):
+    answer = tmp_path / "twitter.json"
+    answer.write_text(orjson.dumps({"statuses": [{"id": i} for i in range(100)]}, option=orjson.OPT_INDENT_2).decode())
+    out = cli("import", tmp_path / "db", "tweets", answer)
+    assert out.returncode == 0 and "1 doc stored" in out.stdout
+    assert "its field statuses is an array of 100 objects: import with --json-path 'statuses'" in out.stderr
+    out = cli("import", tmp_path / "db", "statuses", answer, "--json-path", "statuses")
+    assert out.returncode == 0 and "100 docs stored" in out.stdout and "note" not in out.stderr
+    out = cli("import", tmp_path / "db", "statuses", answer, "--json-path", "nope")
+    assert out.returncode == 1 and "no field 'nope' (its fields: 'statuses')" in out.stderr
 
 
 def test_import_refuses_a_missing_file_a_bad_name_or_shard_count(tmp_path):

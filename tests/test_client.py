@@ -408,3 +408,14 @@ def test_ingest_rides_out_a_restarting_ingest_process_and_says_where_to_resume(t
             assert d.collection("c").count() == len(docs) + len(more)
     finally:
         s.stop()
+
+
+def test_json_path_works_as_embedded(db, tmp_path):
+    answer = orjson.dumps({"data": {"items": [{"_id": i, "v": i} for i in range(5)]}})
+    coll = db.create_collection(fresh(), shards=2)
+    assert coll.ingest(answer, json_path="data.items").n == 5
+    path = tmp_path / "answer.json"
+    path.write_bytes(answer)
+    assert coll.ingest_file(path, json_path="data.items").n == 5 and coll.count() == 5
+    with pytest.raises(ValueError, match="holds a dict"):
+        coll.ingest(answer, json_path="data")

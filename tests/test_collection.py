@@ -255,3 +255,18 @@ def test_background_failure_is_reported_retried_and_recovers_without_reopen(tmp_
     with rtindex.open(str(tmp_path / "db"), seal_rows=10) as db2:
         c2 = db2["c"]
         assert len(c2) == 31 and len(c2.snapshot().term("_id", 3)) == 1 and c2.get("over0") is None
+
+
+def test_one_json_object_holding_documents_gets_a_note(db):
+    """JSON that is one object, holding an array of objects, is stored as one document (it
+    is one), with a note and a warning naming the json_path that would store the array."""
+    c = db.create_collection("notes")
+    answer = orjson.dumps({"statuses": [{"id": i} for i in range(100)], "search_metadata": {"count": 100}})
+    with pytest.warns(rtindex.IngestWarning, match="its field statuses is an array of 100 objects: "
+                                                   "pass json_path='statuses'"):
+        st = c.ingest(answer)
+    assert st.n == 1 and st.notes == [f"stored 1 document of {st.bytes:,} bytes; its field statuses is an array "
+                                      f"of 100 objects: pass json_path='statuses' to store them as documents"]
+    assert c.ingest(answer, errors="report").notes  # noted, not warned
+    assert not c.ingest([{"statuses": [{"id": 1}, {"id": 2}]}]).notes  # a dict given as one: meant as one
+    assert not c.ingest(orjson.dumps({"a": [1, 2]})).notes

@@ -637,3 +637,49 @@ def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_ingest(tmp_path):
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "db")], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.splitlines() == ["dropped: KeyboardInterrupt", "interrupted 2000"], out
+
+
+# -- one JSON document holding the documents ---------------------------------------------------
+API_ANSWER = {"search_metadata": {"count": 3},
+              "statuses": [{"_id": i, "text": f"t{i}", "user": {"name": "u"}} for i in range(3)],
+              "meta": {"pages": [{"n": 1}, {"n": 2}]}}
+
+
+def test_json_path_stores_the_array_inside_one_document(db, tmp_path):
+    c = db.create_collection("c")
+    text = orjson.dumps(API_ANSWER)
+    pretty = tmp_path / "answer.json"
+    pretty.write_text(__import__("json").dumps(API_ANSWER, indent=2))
+    for source in (text, text.decode(), pretty, str(pretty)):
+        st = c.ingest(source, json_path="statuses")
+        assert st.n == 3 and not st.notes and sorted(st.ids) == [0, 1, 2]
+    with open(pretty, "rb") as f:  # an open file, left open
+        assert c.ingest(f, json_path="statuses").n == 3 and not f.closed
+    assert c.ingest_file(pretty, json_path="meta.pages").n == 2
+    assert c.ingest(text, json_path="statuses", batch_size=1).n == 3
+    assert sorted(d["text"] for d in c.snapshot().fetch(c.snapshot().exists("text"))) == ["t0", "t1", "t2"]
+
+
+@pytest.mark.parametrize("json_path, message", [
+    ("nope", "the document has no field 'nope' (its fields: 'search_metadata', 'statuses', 'meta')"),
+    ("search_metadata", "holds a dict, not an array of documents"),
+    ("statuses.x", "statuses has no field 'x'"),
+    ("a..b", "the dotted path of an array"),
+])
+def test_json_path_names_what_is_there_when_it_is_wrong(db, json_path, message):
+    c = db.create_collection("c")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        c.ingest(orjson.dumps(API_ANSWER), json_path=json_path)
+    with pytest.raises(TypeError, match="give its text or a file"):
+        c.ingest([API_ANSWER], json_path="statuses")
+    with pytest.raises(ValueError, match="not one"):
+        c.ingest(b'{"a": [1', json_path="a")
+    assert len(c) == 0
+
+
+def test_array_of_objects_finds_the_longest_array_of_objects():
+    from rtindex.inputs import array_of_objects
+
+    assert array_of_objects(API_ANSWER) == ("statuses", 3)
+    assert array_of_objects({"a": {"b": {"c": [{}, {}]}}}) == ("a.b.c", 2)
+    assert array_of_objects({"a": [1, 2, 3], "b": [{}], "c": "x"}) is None
