@@ -23,9 +23,10 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-from fastapi import Body, FastAPI, Request
+from fastapi import Body, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, Field
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -45,6 +46,7 @@ log = logging.getLogger("rtindex.server")
 
 QUERY_PATHS = {"/v1/query", "/v1/orgs/self/queries", "/v1/noop"}
 OPEN_PATHS = {"/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+DOCS_ASSETS = "/docs-assets"  # the scripts and styles of /docs and /redoc (open, like them)
 MAX_QUERY_BODY = 1 << 20  # SQL text plus parameters
 # seconds past timeout_ms before a query still running is answered 408 anyway: DuckDB's
 # part stops at timeout_ms, the rest (index lookups, fetching rows) cannot be interrupted
@@ -227,7 +229,7 @@ def _rockset_value(p: dict) -> Any:
 
 def required_role(method: str, path: str) -> str | None:
     """Who may call a route: None (anyone), "read", "write" or "admin"."""
-    if path in OPEN_PATHS:
+    if path in OPEN_PATHS or path.startswith(DOCS_ASSETS + "/"):
         return None
     if path == "/v1/keys" or path.startswith("/v1/keys/"):
         return "admin"
@@ -336,9 +338,11 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
         await relay.aclose()
         svc.pool.shutdown(wait=True)
 
-    app = FastAPI(title="rtindex", version=rtindex.__version__, lifespan=lifespan,
-                  description="Real-time indexing database for JSON: writes, SQL, Rockset-compatible routes. "
-                              "Every route but /healthz needs `Authorization: ApiKey <key>`.")
+    # /docs and /redoc with their scripts and styles served from the package, not a CDN: a
+    # machine without internet access shows them too
+    app = FastAPIOffline(title="rtindex", version=rtindex.__version__, lifespan=lifespan, static_url=DOCS_ASSETS,
+                         description="Real-time indexing database for JSON: writes, SQL, Rockset-compatible routes. "
+                                     "Every route but /healthz needs `Authorization: ApiKey <key>`.")
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, e: HttpError):

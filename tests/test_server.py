@@ -304,6 +304,22 @@ def test_rockset_surface_as_rockbench_uses_it(served):
         assert p.json()["results"] == [{"n": 20}]
 
 
+def test_api_docs_need_no_internet(served):
+    """/docs and /redoc load their scripts and styles from the service itself, without a
+    key (like the pages), so they show on a machine without internet access."""
+    with served.client(None) as anyone:
+        for page in ("/docs", "/redoc"):
+            r = anyone.get(page)
+            assert r.status_code == 200 and "cdn." not in r.text and "unpkg" not in r.text, r.text[:500]
+            assets = re.findall(r'(?:src|href)="(/docs-assets/[^"]+)"', r.text)
+            assert any(a.endswith(".js") for a in assets), r.text[:500]
+            for asset in assets:
+                got = anyone.get(asset)
+                assert got.status_code == 200 and len(got.content) > 1000, asset
+        assert anyone.get("/openapi.json").json()["info"]["title"] == "rtindex"
+        assert anyone.get("/v1/collections").status_code == 401  # the rest still needs a key
+
+
 def test_metrics_and_health(served, admin):
     admin.post("/v1/query", json={"sql": "SELECT 1 AS one FROM ev LIMIT 1"})
     text = admin.get("/metrics").text
