@@ -97,6 +97,23 @@ def test_warnings_for_a_field_no_document_has(db, t):
     assert db.sql("SELECT anything FROM empty").warnings == []  # no documents: nothing is a typo yet
 
 
+def test_a_path_through_an_array_warns_and_names_the_form_that_works(db):
+    """tags.k below an array of objects is NULL there (docs/sql.md, rule 1) while the index
+    holds the elements' terms: the warning says so and the form it names finds the rows."""
+    c = db.create_collection("arr")
+    c.ingest([{"_id": "a", "tags": [{"k": "x"}, {"k": "y"}]}, {"_id": "b", "tags": [{"k": "z"}]},
+              {"_id": "c", "o": {"k": "x"}}])
+    for sql in ("SELECT _id FROM arr WHERE tags.k = 'x'", "SELECT _id FROM arr WHERE ARRAY_CONTAINS(tags.k, 'x')"):
+        res = db.sql(sql, access="index")
+        assert res.rows() == [] and len(res.warnings) == 1, res.warnings
+        assert res.warnings[0].startswith("tags.k goes through tags, which holds arrays")
+        assert db.sql(sql, access="scan").warnings == res.warnings
+    hint = res.warnings[0].split("unnest them: ", 1)[1]
+    assert hint == "SELECT ... FROM (SELECT *, UNNEST(tags) AS e FROM arr) WHERE e.k = ..."
+    assert db.sql("SELECT _id FROM (SELECT *, UNNEST(tags) AS e FROM arr) WHERE e.k = 'x'").rows() == [{"_id": "a"}]
+    assert db.sql("SELECT _id FROM arr WHERE o.k = 'x'").warnings == []  # objects only: no warning
+
+
 def test_warnings_are_worked_out_again_when_documents_arrive(db, t):
     """They are remembered per query text until rows are written (every query asked the
     column store about every field it names: a quarter of a selective query's time)."""

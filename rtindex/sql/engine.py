@@ -151,7 +151,8 @@ class SqlEngine:
             def exists(path: tuple[str, ...]) -> bool:
                 return bool(snap.column_types(path)) or any(snap.has_type(path, t) for t in keys.TAGS_BY_NAME)
             used = list(q.fields) + [leaf.path for leaf in leaves]
-            found = messages.query_warnings(q.sql, q.collection, used, exists, snap.field_paths)
+            found = messages.query_warnings(q.sql, q.collection, used, exists, snap.field_paths,
+                                            lambda path: snap.has_type(path, "array"))
         if len(self.warnings_memo) >= WARNINGS_MEMO:
             self.warnings_memo.clear()
         self.warnings_memo[key] = (written, found)

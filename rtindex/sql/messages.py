@@ -142,18 +142,29 @@ def duckdb_error(line: str, names: Mapping[str, str]) -> str:
 
 # -- warnings --------------------------------------------------------------------------------
 def query_warnings(sql: str, collection: str, used: Iterable[tuple[str, ...]], exists: Callable[[tuple[str, ...]], bool],
-                   known: Callable[[], set[tuple[str, ...]]]) -> list[str]:
+                   known: Callable[[], set[tuple[str, ...]]],
+                   holds_arrays: Callable[[tuple[str, ...]], bool] = lambda p: False) -> list[str]:
     """Warnings for a valid query that almost surely does not say what was meant: a field
     no document of the collection has (``exists`` false: it is NULL in every row), named
     with the nearest field it does have (``LANG`` when only ``lang`` exists; ``known()``
-    lists them, asked only then), or a WHERE that names an output alias (``SELECT a AS x
-    ... WHERE x = 1`` reads the documents' field x: WHERE runs before SELECT)."""
-    missing = [p for p in dict.fromkeys(used) if not exists(p)]
+    lists them, asked only then); a WHERE that names an output alias (``SELECT a AS x
+    ... WHERE x = 1`` reads the documents' field x: WHERE runs before SELECT); or a path
+    through a field that holds arrays in some documents (``holds_arrays``): there it names
+    no single value (docs/sql.md, rule 1), while the user most likely meant the elements'."""
+    paths = list(dict.fromkeys(used))
+    out = []
+    for path in paths:
+        through = next((path[:i] for i in range(1, len(path)) if holds_arrays(path[:i])), None)
+        if through is not None and exists(path):
+            name, arr, rest = ".".join(path), ".".join(through), ".".join(path[len(through):])
+            out.append(f"{name} goes through {arr}, which holds arrays: in those documents {name} names no single "
+                       f"value and is NULL (docs/sql.md, rule 1). To test the elements' {rest}, unnest them: "
+                       f"SELECT ... FROM (SELECT *, UNNEST({arr}) AS e FROM {collection}) WHERE e.{rest} = ...")
+    missing = [p for p in paths if not exists(p)]
     if not missing:
-        return []
+        return out
     aliases, in_where = _aliases_in_where(sql)
     dotted = sorted(".".join(p) for p in known())
-    out = []
     for path in missing:
         name = ".".join(path)
         if name in aliases and name in in_where:
