@@ -114,6 +114,29 @@ def test_a_path_through_an_array_warns_and_names_the_form_that_works(db):
     assert db.sql("SELECT _id FROM arr WHERE o.k = 'x'").warnings == []  # objects only: no warning
 
 
+@pytest.mark.parametrize("sql, rows, says", [
+    ("SELECT _id FROM lit WHERE retweet_count = '0'", [],
+     "retweet_count holds numbers and '0' is a string, so retweet_count = '0' is never TRUE (docs/sql.md, rule 2): "
+     "write retweet_count = 0"),
+    ("SELECT _id FROM lit WHERE lang > 5", [],
+     "lang holds strings and 5 is a number, so lang > 5 is never TRUE (docs/sql.md, rule 2): write lang > '5'"),
+    ("SELECT _id FROM lit WHERE _event_time > 1409444955", [{"_id": "a"}, {"_id": "b"}],
+     "_event_time is a time, and 1409444955 compares with it as microseconds since 1970: for seconds write "
+     "_event_time > TIMESTAMP_SECONDS(1409444955), for milliseconds TIMESTAMP_MILLIS(1409444955)"),
+    ("SELECT _id FROM lit WHERE retweet_count = 0", [{"_id": "a"}], None),
+    ("SELECT _id FROM lit WHERE lang = 'en'", [{"_id": "a"}], None),
+    ("SELECT _id FROM lit WHERE _event_time > TIMESTAMP_SECONDS(1409444955)", [{"_id": "b"}], None),
+])
+def test_a_literal_of_another_type_than_the_field_says_what_to_write(db, sql, rows, says):
+    if "lit" not in db:
+        db.create_collection("lit").ingest([
+            {"_id": "a", "retweet_count": 0, "lang": "en", "_event_time": 1409444955_000000},
+            {"_id": "b", "retweet_count": 3, "lang": "fr", "_event_time": 1409444956_000000}])
+    res = db.sql(sql + " ORDER BY _id")
+    assert res.rows() == rows
+    assert res.warnings == ([says] if says else [])
+
+
 def test_warnings_are_worked_out_again_when_documents_arrive(db, t):
     """They are remembered per query text until rows are written (every query asked the
     column store about every field it names: a quarter of a selective query's time)."""

@@ -138,7 +138,9 @@ class SqlEngine:
         return planner.plan(q, snapshot_of(self._lookup, q.collection, q.sql), params, access, explain=True)
 
     def warnings(self, q: Query, snap: Snapshot, leaves: tuple) -> list[str]:
-        """Result.warnings: fields no document of the collection has (messages.query_warnings).
+        """Result.warnings: fields no document of the collection has, paths through arrays
+        (messages.query_warnings), literals of another type than their field holds
+        (messages.literal_warnings).
 
         Worked out again only when rows were written since (per shard ``next_row_id``): a
         field that deletes alone made disappear is noticed at the next write."""
@@ -153,6 +155,9 @@ class SqlEngine:
             used = list(q.fields) + [leaf.path for leaf in leaves]
             found = messages.query_warnings(q.sql, q.collection, used, exists, snap.field_paths,
                                             lambda path: snap.has_type(path, "array"))
+            compared = [(leaf.path, leaf.op if isinstance(leaf, P.Compare) else "=", leaf.value.value)
+                        for leaf in leaves if isinstance(getattr(leaf, "value", None), P.Const)]
+            found += messages.literal_warnings(compared, snap.has_type)
         if len(self.warnings_memo) >= WARNINGS_MEMO:
             self.warnings_memo.clear()
         self.warnings_memo[key] = (written, found)

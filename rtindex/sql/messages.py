@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import sqlglot
 from sqlglot import exp
@@ -175,6 +175,40 @@ def query_warnings(sql: str, collection: str, used: Iterable[tuple[str, ...]], e
                 or difflib.get_close_matches(name, dotted, n=1, cutoff=0.6))
         hint = f": did you mean {near[0]}?" if near else ""
         out.append(f"no document of collection {collection!r} has the field {name} (it is NULL in every row){hint}")
+    return out
+
+
+_NUMBER_TYPES = ("int", "float")
+_MICROS_BELOW = 10**13  # an int literal compared with a time: as microseconds, before 1970-04-27
+
+
+def literal_warnings(compared: Iterable[tuple[tuple[str, ...], str, Any]],
+                     holds: Callable[[tuple[str, ...], str], bool]) -> list[str]:
+    """Warnings for a literal of another type than the field holds (``compared``: path,
+    operator and literal of each comparison in WHERE; ``holds(path, type name)``: whether
+    some document may hold a value of that type there): a number field compared with a
+    string, or a string field with a number, is never TRUE (docs/sql.md, rule 2); a time
+    compared with a small integer reads it as microseconds, where seconds were likely meant."""
+    out = []
+    for path, op, lit in dict.fromkeys(compared):
+        name = ".".join(path)
+        numbers = any(holds(path, t) for t in _NUMBER_TYPES)
+        strings = holds(path, "string")
+        if isinstance(lit, str) and numbers and not strings:
+            try:
+                as_number = str(int(lit)) if lit.strip().lstrip("+-").isdigit() else repr(float(lit))
+            except ValueError:
+                as_number = "a number"
+            out.append(f"{name} holds numbers and {lit!r} is a string, so {name} {op} {lit!r} is never TRUE "
+                       f"(docs/sql.md, rule 2): write {name} {op} {as_number}")
+        elif isinstance(lit, (int, float)) and not isinstance(lit, bool) and strings and not numbers \
+                and not holds(path, "timestamp"):
+            out.append(f"{name} holds strings and {lit!r} is a number, so {name} {op} {lit!r} is never TRUE "
+                       f"(docs/sql.md, rule 2): write {name} {op} '{lit}'")
+        elif isinstance(lit, int) and not isinstance(lit, bool) and abs(lit) < _MICROS_BELOW \
+                and holds(path, "timestamp") and not numbers:
+            out.append(f"{name} is a time, and {lit} compares with it as microseconds since 1970: for seconds "
+                       f"write {name} {op} TIMESTAMP_SECONDS({lit}), for milliseconds TIMESTAMP_MILLIS({lit})")
     return out
 
 
