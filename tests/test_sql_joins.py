@@ -6,6 +6,7 @@ inside subqueries and CTEs."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -174,3 +175,16 @@ def test_output_columns_of_one_name_are_all_kept(tmp_path, access):
         assert (row["_id"], row["col1"], row["col2"]) == (1, 10, 20)
         assert (row["_id_2"], row["col1_2"], row["col2_2"]) == (2, 30, 40)
         assert res.columns == res.arrow().column_names and len(set(res.columns)) == len(res.columns) == 8
+
+
+def test_the_hint_for_a_nested_field_names_the_source_that_has_it(tmp_path):
+    """Over a collection and a subquery, an unqualified nested field is refused with the
+    form that works: the subquery's name when its column is meant, else the collection's."""
+    with rtindex.open(str(tmp_path / "db")) as db:
+        db.create_collection("p").ingest([{"_id": "a", "items": [{"name": "n1"}], "o": {"k": 1}}])
+        for sql, fix in (("SELECT d.name FROM p, (SELECT UNNEST(items) AS d FROM p) x", "x.d.name"),
+                         ("SELECT o.k FROM p, (SELECT UNNEST(items) AS d FROM p) x", "p.o.k")):
+            with pytest.raises(rtindex.UnsupportedSqlError, match=re.escape(f"(write {fix})")):
+                db.sql(sql)
+            fixed = db.sql(sql.replace(fix.split(".", 1)[1], fix, 1)).rows()
+            assert list(fixed[0].values()) == (["n1"] if fix == "x.d.name" else [1])

@@ -288,8 +288,11 @@ class _GeneralParser(_Parser):
         if len(items) == 1:
             return refs[0], (refs[0],), tuple(parts)
         if len(parts) > 1:
-            raise self.unsupported(f"the nested field {'.'.join(parts)} without its collection in a SELECT over "
-                                   f"several (write {refs[0].alias}.{'.'.join(parts)})", node)
+            owner = next((item.alias_or_name for item in items if id(item) not in self.refs
+                          and isinstance(item, exp.Subquery) and isinstance(item.this, exp.Select)
+                          and parts[0] in (e.alias_or_name for e in item.this.expressions)), refs[0].alias)
+            raise self.unsupported(f"the nested field {'.'.join(parts)} without its collection or subquery in a "
+                                   f"SELECT over several (write {owner}.{'.'.join(parts)})", node)
         return None, tuple(refs), tuple(parts)
 
     def field_path(self, node: exp.Expression) -> Path | None:
