@@ -62,8 +62,8 @@ def demo(path: str, n_events: int, shards: int, out=sys.stdout) -> dict:
         say(f"rtindex demo: database at {db.path}, collection {events.name!r} with {shards} shards")
         say(f"ingesting {n_events:,} generated events (~1.25 KB, 60 fields, nested objects and arrays; "
             f"every field indexed three ways) ...")
-        # made a chunk at a time as they are ingested (all of them at once would take ~4 KB
-        # each as Python objects); the rates count the ingest calls' time, not the generator's
+        # made a chunk at a time as they are ingested (all of them at once as Python objects
+        # would be most of the demo's memory); the rates count the ingest calls' time only
         generated = datagen.rockbench_events(n_events, seed=1)
         total, step, secs, last, sample = 0, 10_000, 0.0, time.perf_counter(), None
         for i in range(0, n_events, step):

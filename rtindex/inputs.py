@@ -38,7 +38,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rtindex.documents import array_values, json_value, parse_input, parse_lines
+from rtindex.documents import Line, array_values, json_value, parse_input, parse_lines
 from rtindex.errors import SchemaError
 
 _BOM = "\ufeff".encode()
@@ -145,8 +145,6 @@ def _at_json_path(docs: Any, json_path: str, batch_size: int) -> Input:
 
 
 def _elements_at(doc: Any, json_path: str) -> Input:
-    from rtindex.documents import Line
-
     value, seen = doc, []
     if isinstance(value, Line):
         value = value.doc if value.doc is not None else orjson.loads(value.raw)

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 import orjson
 
-from rtindex._impl import PointLookup, RowCache, copy_json, untrack_json
+from rtindex._impl import RowCache, copy_json, untrack_json
 
 ROW_BITS = 40
 ROW_MAX = (1 << ROW_BITS) - 1
@@ -78,7 +78,7 @@ class RowStoreCache:
             if charge is not None:
                 charge[0] += json_bytes([d for d in docs if d is not None])
             return docs
-        tag = self.key_base(shard_id)
+        tag = shard_id << ROW_BITS
         keys = row_ids | np.uint64(tag) if isinstance(row_ids, np.ndarray) else [tag | r for r in row_ids]
         docs = self._lru.get_many(keys)
         if None in docs:  # (a C-speed scan; the common all-hit case stops here)
@@ -97,17 +97,6 @@ class RowStoreCache:
             total, absent = self._lru.charged(keys)  # (absent: evicted at once, or too big to cache)
             charge[0] += total - ENTRY_BYTES * len(docs) if not absent else json_bytes([d for d in docs if d is not None])
         return docs
-
-    @staticmethod
-    def key_base(shard_id: int) -> int:
-        """The key of row 0 of a shard: a row's key is this | its row id (up to ROW_MAX)."""
-        return shard_id << ROW_BITS
-
-    def point_lookup(self, views: list[tuple], sources: list[tuple]) -> PointLookup:
-        """A PointLookup over ``views`` (see rtindex._py.point) that reads rows through
-        this cache; ``sources``: per shard, Shard.point_source."""
-        return PointLookup(views, sources, self._lru if self.enabled else None, ROW_MAX,
-                           DECODED_BYTES_PER_JSON_BYTE, ENTRY_BYTES, json_bytes)
 
     def forget(self, shard_id: int, row_ids: list[int]) -> None:
         """Drop rows that no reader can reach any more (their versions were garbage-collected):

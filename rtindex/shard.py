@@ -212,15 +212,6 @@ class Shard:
         return self._rows.rows(self._row_cache_id, row_ids, lambda ids: self._read_rows(ids, state),
                                state.next_row_id, charge)
 
-    def point_source(self, state: ShardState) -> tuple[int, Callable[[list[int]], list[bytes]]]:
-        """How a PointLookup reads rows of ``state``: (the row cache key of the shard's row
-        0, read(row ids) -> their stored texts)."""
-        return self._rows.key_base(self._row_cache_id), lambda ids: self._read_rows(ids, state)
-
-    @property
-    def row_cache(self) -> RowStoreCache:
-        return self._rows
-
     def _read_rows(self, row_ids: list[int], state: ShardState) -> list[bytes]:
         """The stored bytes of rows of ``state``: from the segment that holds each (a
         mutable segment's mapping, a sealed segment's file), else from the row store (the

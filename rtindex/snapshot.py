@@ -7,6 +7,7 @@ that combine with ``&``, ``|`` and ``-``; rows are fetched by row id; chosen col
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from datetime import datetime
@@ -248,20 +249,19 @@ class Snapshot:
         typed = _typed(value)
         terms = [keys.term(p, tag, v) for tag, v in typed]
         scalars = [keys.column_key(p, tag) for tag, _ in typed] if contains else None
-        markers = [keys.column_key(p[:i], keys.ARRAY) for i in range(1, len(p) + (0 if contains else 1))]
-        if self._column_keys.isdisjoint(markers) and not self._mem:
-            markers = []  # (see arrays)
+        markers = self._array_markers(p, include_self=not contains)
         lookup = self._point
         if lookup is None:
-            lookup = self._point = self._shards[0].row_cache.point_lookup(*self._point_layout())
+            lookup = self._point = PointLookup(*self._point_layout())
         return lookup.rows(terms, scalars, keys.column_key(p, keys.ARRAY) if contains else None, markers,
                            limit, offset, True, max_rows, charge)
 
     def _point_layout(self) -> tuple[list[tuple], list[tuple]]:
-        """The views and row sources a PointLookup of this snapshot is made of."""
+        """The views and the per-shard fetches (through the row cache) a PointLookup of this
+        snapshot is made of."""
         views = [(i, v.base, v.seg, v.limit, v.deleted, v.seg.terms if v.sealed else None)
                  for i, v in self._views_with_rows]
-        return views, [shard.point_source(st) for shard, st in zip(self._shards, self.states)]
+        return views, [functools.partial(shard.fetch, state=st) for shard, st in zip(self._shards, self.states)]
 
     def range(self, path: Path, lo: Any = None, hi: Any = None, *, lo_inclusive: bool = True,
               hi_inclusive: bool = False, budget: list[int] | None = None) -> Postings:
@@ -301,14 +301,10 @@ class Snapshot:
         """Rows where a field on the way to ``path`` (and, with ``include_self``, ``path``
         itself) holds an array: there ``path`` names no single value, only elements, which
         :meth:`term` and :meth:`range` also find."""
-        p = keys.split_path(path)
-        prefixes = [p[:i] for i in range(1, len(p) + (1 if include_self else 0))]
-        if not prefixes:
-            return Postings(self, {})
-        markers = [keys.column_key(q, keys.ARRAY) for q in prefixes]
-        if self._column_keys.isdisjoint(markers) and not self._mem:
+        markers = self._array_markers(keys.split_path(path), include_self)
+        if not markers:
             self._check()
-            return Postings(self, {})  # the common case: no array on the way in any segment
+            return Postings(self, {})
 
         def rows_of(shard, v):
             if not shard.has_arrays(v, markers):
@@ -316,6 +312,13 @@ class Snapshot:
             bm = BitMap().union(*(shard.array_rows(v, m) for m in markers))
             return bm - v.deleted if v.deleted else bm
         return self._collect(rows_of)
+
+    def _array_markers(self, p: tuple[str, ...], include_self: bool) -> list[bytes]:
+        """The array markers (ARRAY column keys) of the fields on the way to ``p`` (and of
+        ``p`` itself with ``include_self``); none when no segment can hold an array there,
+        the common case."""
+        markers = [keys.column_key(p[:i], keys.ARRAY) for i in range(1, len(p) + (1 if include_self else 0))]
+        return [] if self._column_keys.isdisjoint(markers) and not self._mem else markers
 
     def _ranges(self, ranges: list[tuple[bytes, bytes]], budget: list[int] | None = None) -> Postings:
         ranges = [(lo, hi) for lo, hi in ranges if lo < hi]

@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 
 import rtindex
 from rtindex._impl import IMPLEMENTATION
-from rtindex._py.lru import RowCache as PyRowCache
 from rtindex._py.point import PointLookup as PyPointLookup
-from rtindex.rowcache import DECODED_BYTES_PER_JSON_BYTE, ENTRY_BYTES, ROW_MAX, json_bytes
+from rtindex.rowcache import json_bytes
 
 SCALARS = st.sampled_from([0, 1, 1.0, 2.5, "x", "y", True, False, None])
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.fixed_dictionaries({"k": inner}),
@@ -35,14 +34,8 @@ def implementations() -> list[type]:
     return found
 
 
-def make_lookup(cls: type, snap, cache_bytes: int, row_max: int = ROW_MAX):
-    if cls is PyPointLookup:
-        cache = PyRowCache(cache_bytes) if cache_bytes else None
-    else:
-        from rtindex._ext._lru import RowCache
-        cache = RowCache(cache_bytes) if cache_bytes else None
-    views, sources = snap._point_layout()
-    return cls(views, sources, cache, row_max, DECODED_BYTES_PER_JSON_BYTE, ENTRY_BYTES, json_bytes)
+def make_lookup(cls: type, snap):
+    return cls(*snap._point_layout())
 
 
 def point_args(path: str, value, contains: bool):
@@ -64,11 +57,12 @@ HISTORY = st.lists(st.tuples(st.sampled_from(["ingest", "delete", "flush"]), st.
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(history=HISTORY, shards=st.sampled_from([1, 2]), window=st.tuples(st.none() | st.integers(0, 4),
-                                                                          st.integers(0, 3)))
-def test_lookups_match_the_general_path(history, shards, window):
+                                                                          st.integers(0, 3)),
+       cache_bytes=st.sampled_from([0, 1 << 20]))
+def test_lookups_match_the_general_path(history, shards, window, cache_bytes):
     limit, offset = window
     with tempfile.TemporaryDirectory() as d:
-        db = rtindex.open(d, seal_rows=4)
+        db = rtindex.open(d, seal_rows=4, row_cache_bytes=cache_bytes)
         try:
             c = db.create_collection("c", shards=shards)
             next_id = 0
@@ -87,27 +81,26 @@ def test_lookups_match_the_general_path(history, shards, window):
                     c.flush()
             snap = c.snapshot()
             for cls in implementations():
-                for cache_bytes in (0, 1 << 20):
-                    lookup = make_lookup(cls, snap, cache_bytes)
-                    for path, value, contains in LOOKUPS:
-                        rows = snap.matching(path, value, contains)
-                        want = snap.fetch(rows, limit, offset=offset)
-                        if value is None:
-                            continue  # (Snapshot.point answers NULL itself)
-                        for attempt in range(2):  # the second one from the cache, when on
-                            charge = [0]
-                            n, got = lookup.rows(*point_args(path, value, contains), limit, offset, True, None,
-                                                 charge)
-                            assert (n, got) == (len(rows), want), (cls, path, value, contains)
-                            assert charge[0] == json_bytes(want) or cache_bytes and charge[0] > 0
-                        if want and cache_bytes:  # copies: changing one leaves the cache alone
-                            got[0]["changed"] = 1
-                            assert "changed" not in lookup.rows(*point_args(path, value, contains), limit, offset,
-                                                                True, None, None)[1][0]
-                        n, none = lookup.rows(*point_args(path, value, contains), limit, offset, True,
-                                              len(want) - 1 if want else None, None)
-                        assert none is None if want else none == []
-                    assert snap.point("k", 1) == (len(snap.matching("k", 1)), snap.fetch(snap.matching("k", 1)))
+                lookup = make_lookup(cls, snap)
+                for path, value, contains in LOOKUPS:
+                    rows = snap.matching(path, value, contains)
+                    want = snap.fetch(rows, limit, offset=offset)
+                    if value is None:
+                        continue  # (Snapshot.point answers NULL itself)
+                    for attempt in range(2):  # the second one from the cache, when on
+                        charge = [0]
+                        n, got = lookup.rows(*point_args(path, value, contains), limit, offset, True, None,
+                                             charge)
+                        assert (n, got) == (len(rows), want), (cls, path, value, contains)
+                        assert charge[0] == json_bytes(want) or cache_bytes and charge[0] > 0
+                    if want and cache_bytes:  # copies: changing one leaves the cache alone
+                        got[0]["changed"] = 1
+                        assert "changed" not in lookup.rows(*point_args(path, value, contains), limit, offset,
+                                                            True, None, None)[1][0]
+                    n, none = lookup.rows(*point_args(path, value, contains), limit, offset, True,
+                                          len(want) - 1 if want else None, None)
+                    assert none is None if want else none == []
+                assert snap.point("k", 1) == (len(snap.matching("k", 1)), snap.fetch(snap.matching("k", 1)))
         finally:
             db.close()
 
@@ -120,17 +113,3 @@ def test_a_point_query_sees_a_write_right_after_it(db):
     c.ingest([{"_id": "b", "k": 1}, {"_id": "a", "k": 2}])
     assert db.sql("SELECT _id FROM c WHERE k = :v", {"v": 1}).rows() == [{"_id": "b"}]
     assert [r["_id"] for r in db.sql("SELECT * FROM c WHERE k = :v", {"v": 1}).rows()] == ["b"]
-
-
-@pytest.mark.parametrize("cls", implementations())
-def test_rows_past_the_cache_range_are_read_without_it(db, cls):
-    """A row id past ROW_MAX bypasses the cache (its key would not fit): read, decoded, not kept."""
-    c = db.create_collection("c")
-    c.ingest([{"_id": "a", "k": 1}, {"_id": "b", "k": 1}])
-    snap = c.snapshot()
-    lookup = make_lookup(cls, snap, 1 << 20, row_max=0)  # row 0 is cached, row 1 is not
-    charge = [0]
-    n, docs = lookup.rows(*point_args("k", 1, False), None, 0, True, None, charge)
-    assert n == 2 and sorted(d["_id"] for d in docs) == ["a", "b"]
-    assert charge[0] == json_bytes(docs)
-    assert lookup.rows(*point_args("k", 1, False), None, 0, True, None, None) == (n, docs)

@@ -147,3 +147,21 @@ def test_concurrent_writes_and_reads_match_their_snapshots(tmp_path, cache_bytes
         assert not errors, errors[:5]
     finally:
         db.close()
+
+
+def test_rows_past_the_cache_range_are_read_without_it():
+    """A row id past ROW_MAX bypasses the cache (its key would not fit): read, decoded, not
+    kept, and charged by its JSON size."""
+    import orjson
+
+    from rtindex.rowcache import ROW_MAX, RowStoreCache, json_bytes
+
+    cache = RowStoreCache(1 << 20)
+    shard = cache.new_shard_id()
+    stored = {ROW_MAX - 1: {"_id": "a"}, ROW_MAX + 1: {"_id": "b"}}
+    read = lambda ids: [orjson.dumps(stored[i]) for i in ids]  # noqa: E731
+    for _ in range(2):
+        charge = [0]
+        docs = cache.rows(shard, [ROW_MAX - 1, ROW_MAX + 1], read, ROW_MAX + 2, charge)
+        assert docs == [{"_id": "a"}, {"_id": "b"}] and charge[0] == json_bytes(docs)
+    assert cache.stats()["entries"] == 0  # one key past the range: the whole call bypasses the cache

@@ -3,24 +3,17 @@
 ``rtindex/_py/point.py`` is the contract (its docstrings state the arguments and the
 order of the rows); tests/test_point.py checks both against the general read path on
 generated collections. A point query's work is a few posting lists and a few cached rows;
-here the loops between them (views, slots, row ids, cache keys, copies) run in C, and the
-row cache is probed in its own C loop. The GIL is held throughout: every step makes or
-reads Python objects (posting sets, cached dicts and their copies).
+here the loops between them (views, slots, row ids, copies) run in C, and the rows come
+through each shard's fetch (the row cache). The GIL is held throughout: every step makes
+or reads Python objects (posting sets, cached dicts and their copies).
 """
 
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from libc.stdint cimport uint64_t
-
-from rtindex._ext._lru cimport RowCache
-
-import orjson
+from cpython.list cimport PyList_GET_ITEM
 
 from rtindex._ext._blocks import terms_get
-from rtindex._ext._lru import copy_json, untrack_json
+from rtindex._ext._lru import copy_json
 
 __all__ = ["PointLookup"]
-
-_loads = orjson.loads
 
 
 cdef class PointLookup:
@@ -35,15 +28,9 @@ cdef class PointLookup:
     cdef list _sealed          # the views of sealed segments
     cdef list _terms           # and their term indexes
     cdef list _mem             # the views of in-memory segments
-    cdef list _shard_tag       # per shard: the cache key of its row 0
-    cdef list _shard_read      # and read(row_ids) -> [bytes]
-    cdef RowCache _cache       # None: off
-    cdef uint64_t _row_max
-    cdef Py_ssize_t _per_byte
-    cdef Py_ssize_t _entry
-    cdef object _measure
+    cdef list _fetchers        # per shard: fetch(row_ids, charge) -> decoded rows (Shard.fetch)
 
-    def __init__(self, list views, list shards, cache, row_max, bytes_per_json_byte, entry_bytes, measure):
+    def __init__(self, list views, list fetchers):
         cdef dict slot_of = {}
         cdef Py_ssize_t i
         self._slot_shard, self._slot_base = [], []
@@ -60,13 +47,7 @@ cdef class PointLookup:
         self._sealed = [i for i in range(len(views)) if views[i][5] is not None]
         self._terms = [views[i][5] for i in self._sealed]
         self._mem = [i for i in range(len(views)) if views[i][5] is None]
-        self._shard_tag = [s[0] for s in shards]
-        self._shard_read = [s[1] for s in shards]
-        self._cache = cache
-        self._row_max = row_max
-        self._per_byte = bytes_per_json_byte
-        self._entry = entry_bytes
-        self._measure = measure
+        self._fetchers = fetchers
 
     def rows(self, list terms, scalars, marker, list array_markers, limit, Py_ssize_t offset, bint copy,
              max_rows, charge):
@@ -113,70 +94,22 @@ cdef class PointLookup:
             n_out = min(n_out, <Py_ssize_t>limit)
         if max_rows is not None and n_out > <Py_ssize_t>max_rows:
             return n, None
-        cdef list shards = []  # per wanted row: shard and row id
-        cdef list rids = []
-        cdef list offs
+        cdef list docs = []
+        cdef list rids
         skip = offset
         got = 0
-        for slot in sorted(per_slot):
+        for slot in sorted(per_slot):  # (shard, base) order: a shard's rows come together
             if got >= n_out:
                 break
             offs = list(per_slot[slot])
             if skip >= len(offs):
                 skip -= len(offs)
                 continue
-            shard, base = self._slot_shard[slot], self._slot_base[slot]
-            for k in range(skip, min(len(offs), skip + n_out - got)):
-                shards.append(shard)
-                rids.append(base + <object>PyList_GET_ITEM(offs, k))
-            got = len(rids)
+            base = self._slot_base[slot]
+            rids = [base + <object>PyList_GET_ITEM(offs, k) for k in range(skip, min(len(offs), skip + n_out - got))]
+            docs.extend(self._fetchers[self._slot_shard[slot]](rids, charge))
+            got += len(rids)
             skip = 0
-        cdef list docs = self._fetch(shards, rids, charge)
         if copy:
             return n, [copy_json(d) for d in docs]
         return n, docs
-
-    cdef list _fetch(self, list shards, list rids, charge):
-        """The decoded rows of ``rids`` (of ``shards``) through the cache (shared objects)."""
-        cdef Py_ssize_t i, n = len(rids)
-        cdef list keys = [None] * n
-        cdef list cached = []
-        cdef list docs
-        cdef object r
-        cdef bint all_cached = self._cache is not None
-        if self._cache is not None:
-            for i in range(n):
-                r = <object>PyList_GET_ITEM(rids, i)
-                if r <= self._row_max:
-                    keys[i] = self._shard_tag[<object>PyList_GET_ITEM(shards, i)] | r
-                    cached.append(keys[i])
-                else:
-                    all_cached = False
-            docs = self._cache._get_seq(keys) if all_cached else [
-                self._cache.get(k) if k is not None else None for k in keys]
-        else:
-            docs = [None] * n
-        cdef dict by_shard = {}
-        for i in range(n):
-            if <object>PyList_GET_ITEM(docs, i) is None:
-                by_shard.setdefault(<object>PyList_GET_ITEM(shards, i), []).append(i)
-        cdef list put_keys = [], put_docs = [], sizes = []
-        cdef list at
-        for shard, at in by_shard.items():
-            raws = self._shard_read[shard]([rids[i] for i in at])
-            for i, raw in zip(at, raws):
-                d = untrack_json(_loads(raw))
-                docs[i] = d
-                if keys[i] is not None:
-                    put_keys.append(keys[i])
-                    put_docs.append(d)
-                    sizes.append(len(raw) * self._per_byte + self._entry)
-        if put_keys:
-            self._cache.put_many(put_keys, put_docs, sizes)
-        if charge is not None:
-            total, absent = self._cache.charged(cached) if cached else (0, 0)
-            if absent or len(cached) < n:
-                charge[0] += self._measure(docs)
-            else:
-                charge[0] += total - self._entry * n
-        return docs

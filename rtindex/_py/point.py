@@ -11,12 +11,11 @@ row id) as ``Snapshot.matching`` followed by ``Snapshot.fetch`` (tests/test_poin
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
-import orjson
 from pyroaring import BitMap
 
-from rtindex._py.lru import copy_json, untrack_json
+from rtindex._py.lru import copy_json
 
 
 class PointLookup:
@@ -24,19 +23,14 @@ class PointLookup:
 
     ``views``: one ``(shard, base, seg, limit, deleted, terms)`` per view with rows, in shard
     then base order; ``seg`` has ``postings(term, limit)``, ``array_rows(marker, limit)``,
-    ``has_columns(keys, limit)`` and ``may_have_arrays(keys)`` (rtindex/segments.py); ``terms`` is a sealed segment's
-    TermIndex, None for an in-memory segment. Two views may share a (shard, base) (a
-    replica's in-memory copy of rows the writer has sealed since): their rows are united.
-    ``shards``: per shard, ``(tag, read)``: the row cache key of row 0 of the shard, and
-    ``read(row_ids) -> [bytes]``, the stored texts of rows the snapshot shows.
-    ``cache``: the RowCache (None: off), with ``row_max`` (a row id past it is not cached),
-    ``bytes_per_json_byte`` and ``entry_bytes`` (what an entry is charged), and ``measure``
-    (rtindex.rowcache.json_bytes) for rows whose charge the cache does not hold.
+    ``has_columns(keys, limit)`` and ``may_have_arrays(keys)`` (rtindex/segments.py);
+    ``terms`` is a sealed segment's TermIndex, None for an in-memory segment. Two views may
+    share a (shard, base) (a replica's in-memory copy of rows the writer has sealed since):
+    their rows are united. ``fetchers``: per shard, ``fetch(row_ids, charge)``, the decoded
+    rows the snapshot shows through the row cache (shared objects; Shard.fetch).
     """
 
-    def __init__(self, views: list[tuple], shards: list[tuple[int, Callable[[list[int]], list[bytes]]]],
-                 cache: Any, row_max: int, bytes_per_json_byte: int, entry_bytes: int,
-                 measure: Callable[[list[dict]], int]):
+    def __init__(self, views: list[tuple], fetchers: list[Callable[[list[int], list[int] | None], list[dict]]]):
         slot_of: dict[tuple[int, int], int] = {}
         self._slots: list[tuple[int, int]] = []  # (shard, base), sorted
         for shard, base, *_ in sorted(views, key=lambda v: (v[0], v[1])):
@@ -48,13 +42,7 @@ class PointLookup:
         self._sealed = [i for i, v in enumerate(views) if v[5] is not None]
         self._terms = [views[i][5] for i in self._sealed]
         self._mem = [i for i, v in enumerate(views) if v[5] is None]
-        self._shards = shards
-        self._cache = cache
-        self._row_max = row_max
-        self._per_byte = bytes_per_json_byte
-        self._entry = entry_bytes
-        self._measure = measure
-
+        self._fetchers = fetchers
     def rows(self, terms: list[bytes], scalars: list[bytes] | None, marker: bytes | None,
              array_markers: list[bytes], limit: int | None, offset: int, copy: bool,
              max_rows: int | None, charge: list[int] | None) -> tuple[int, list[dict] | None]:
@@ -95,45 +83,16 @@ class PointLookup:
         n_out = max(0, n - offset) if limit is None else max(0, min(n - offset, limit))
         if max_rows is not None and n_out > max_rows:
             return n, None
-        wanted: list[tuple[int, int]] = []  # (shard, row id)
+        docs: list[dict] = []
         skip = offset
-        for slot in sorted(per_slot):
-            if len(wanted) >= n_out:
+        for slot in sorted(per_slot):  # (shard, base) order
+            if len(docs) >= n_out:
                 break
             shard, base = self._slots[slot]
             offs = list(per_slot[slot])
             if skip >= len(offs):
                 skip -= len(offs)
                 continue
-            wanted.extend((shard, base + o) for o in offs[skip:skip + n_out - len(wanted)])
+            docs.extend(self._fetchers[shard]([base + o for o in offs[skip:skip + n_out - len(docs)]], charge))
             skip = 0
-        docs = self._fetch(wanted, charge)
         return n, [copy_json(d) for d in docs] if copy else docs
-
-    def _fetch(self, wanted: list[tuple[int, int]], charge: list[int] | None) -> list[dict]:
-        """The decoded rows of ``wanted`` through the cache (shared objects)."""
-        cache = self._cache
-        keys = [self._shards[s][0] | r if cache is not None and r <= self._row_max else None for s, r in wanted]
-        docs = [cache.get(k) if k is not None else None for k in keys]
-        missing = [i for i, d in enumerate(docs) if d is None]
-        by_shard: dict[int, list[int]] = {}
-        for i in missing:
-            by_shard.setdefault(wanted[i][0], []).append(i)
-        put_keys, put_docs, sizes = [], [], []
-        for shard, at in by_shard.items():
-            for i, raw in zip(at, self._shards[shard][1]([wanted[i][1] for i in at])):
-                d = docs[i] = untrack_json(orjson.loads(raw))
-                if keys[i] is not None:
-                    put_keys.append(keys[i])
-                    put_docs.append(d)
-                    sizes.append(len(raw) * self._per_byte + self._entry)
-        if put_keys:
-            cache.put_many(put_keys, put_docs, sizes)
-        if charge is not None:
-            cached = [k for k in keys if k is not None]
-            total, absent = cache.charged(cached) if cached else (0, 0)
-            if absent or len(cached) < len(keys):
-                charge[0] += self._measure(docs)
-            else:
-                charge[0] += total - self._entry * len(docs)
-        return docs
