@@ -82,20 +82,31 @@ class Maintenance:
         self._merging = False
         self._error: BaseException | None = None  # the last failure, until work succeeds again
         self._failures = 0  # failures since the last success (for the backoff)
-        self._failed_total = 0
+        self._attempts = 0  # attempts of background work begun so far
+        self._failed_attempt = 0  # the number of the latest attempt that failed
+        self._retry_now_upto = 0  # failed attempts up to this one are retried at once (someone waits)
         self._cv = threading.Condition(shard.write_lock)
         self._compacted_to = 0  # row ids below it: the row store's range of moved rows was compacted
         self._moved_to = 0  # row ids below it left the row store for segment files
         self._compacting = False
 
     # ------------------------------------------------------------------ failures
-    def _retry(self, what: str, e: BaseException, again: Callable[[], None], worker: Worker) -> None:
-        """Record a failure and schedule ``again`` with exponential backoff."""
+    def _begin(self) -> int:
+        """Number an attempt, so a wait counts only failures of attempts begun after it."""
+        with self._cv:
+            self._attempts += 1
+            return self._attempts
+
+    def _retry(self, what: str, e: BaseException, again: Callable[[], None], worker: Worker,
+               attempt: int) -> None:
+        """Record the failure of ``attempt`` and schedule ``again`` with exponential backoff."""
         with self._cv:
             self._error = e
             self._failures += 1
-            self._failed_total += 1
+            self._failed_attempt = max(self._failed_attempt, attempt)
             delay = min(RETRY_FIRST * 2 ** (self._failures - 1), RETRY_MAX)
+            if attempt <= self._retry_now_upto:
+                delay = 0.0
             self._cv.notify_all()
         log.warning("rtindex shard %s: %s failed (retrying in %.2f s): %s", self.shard.path, what, delay, e)
         worker.submit(again, delay, retry=True)
@@ -119,28 +130,29 @@ class Maintenance:
         limit = self.shard.config.max_pending_seals
         if self.shard._pending_seals(self.shard.state) < limit:
             return
-        failed_before = self._failed_total
+        begun = self._retry_now_upto = self._attempts
         self._sealer.hurry()
-        self._cv.wait_for(lambda: self._failed_total != failed_before
+        self._cv.wait_for(lambda: self._failed_attempt > begun
                           or self.shard._pending_seals(self.shard.state) < limit)
         if self.shard._pending_seals(self.shard.state) >= limit:
             raise self.error() from self._error
 
     def wait_idle(self) -> None:
         """Until no seal or merge of this shard is under way, and the row store's space of
-        the rows sealed so far is back; StorageError if a seal or merge failed while
-        waiting. Failed work waiting for its retry is tried again at once."""
+        the rows sealed so far is back. Failed work waiting for its retry is tried again at
+        once; StorageError if an attempt begun while waiting fails."""
+        with self._cv:
+            begun = self._retry_now_upto = self._attempts
         self._sealer.hurry()
         self._merger.hurry()
-        failed_before = self._failed_total
         compacted = False
         while True:
             self._sealer.wait_idle()
             self._merger.wait_idle()
             with self._cv:
-                busy = self._merging or self._compacting or self.shard._pending_seals(self.shard.state) > 0
-                if self._failed_total != failed_before or (busy and self._error is not None):
+                if self._failed_attempt > begun:
                     raise self.error() from self._error
+                busy = self._merging or self._compacting or self.shard._pending_seals(self.shard.state) > 0
                 if not busy and (compacted or self._moved_to <= self._compacted_to):
                     return
                 if busy:
@@ -164,12 +176,13 @@ class Maintenance:
             pending = [v.seg for v in self.shard.state.views[:-1] if not v.sealed]
         if not pending:
             return
+        attempt = self._begin()
         try:
             self._seal_inner(pending.pop(0))
         except Exception as e:
             if self.shard.closed:
                 return
-            self._retry("sealing a segment", e, self._seal_next, self._sealer)
+            self._retry("sealing a segment", e, self._seal_next, self._sealer, attempt)
             return
         del pending  # the sealed builder goes with the last state that shows it (usually now)
         release_free_memory()
@@ -285,13 +298,14 @@ class Maintenance:
     def _merge(self, run: list[View]) -> None:
         if self.shard.closed:
             return
+        attempt = self._begin()
         try:
             self._merge_inner(run)
         except Exception as e:
             with self._cv:
                 self._merging = False
             if not self.shard.closed:
-                self._retry("merging segments", e, self.maybe_merge, self._merger)
+                self._retry("merging segments", e, self.maybe_merge, self._merger, attempt)
             return
         with self._cv:
             self._merging = False
@@ -386,6 +400,7 @@ class _Garbage:
         if m is None or m.shard.closed:
             return  # open() finishes the clean-up
         shard = m.shard
+        attempt = m._begin()
         try:
             if not self.file_removed:
                 segfile.remove_segment(shard.segments_dir, self.segid)
@@ -403,7 +418,7 @@ class _Garbage:
                 shard.store.write(wb)
         except Exception as e:
             if not shard.closed:
-                m._retry(f"removing dropped segment {self.segid}", e, self, m._merger)
+                m._retry(f"removing dropped segment {self.segid}", e, self, m._merger, attempt)
             return
         shard._rows.forget(shard._row_cache_id, self.dropped)  # no reader can ask for them again
         shard.signal()

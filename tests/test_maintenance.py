@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 
 import orjson
 
@@ -119,3 +121,42 @@ def test_a_merge_carries_the_rows_of_older_files(tmp_path):
         got = c.snapshot().fetch(c.snapshot().all())
         assert sorted(got, key=lambda d: d["_id"]) == [docs[k] for k in sorted(docs)]
         assert orjson.loads(sealed[0].seg.row(sealed[0].seg.live.max())) in got
+
+
+def test_a_wait_is_not_failed_by_an_attempt_that_began_before_it(tmp_path, monkeypatch):
+    """A seal already under way when flush() starts waiting, and failing after that (its
+    cause gone meanwhile), is retried at once; flush() reports only attempts it waited for."""
+    from rtindex import columns
+
+    encode = columns.encode
+    started, release = threading.Event(), threading.Event()
+
+    def fails_once(values):
+        if not started.is_set():
+            started.set()
+            release.wait(10)
+            raise OSError("transient")
+        return encode(values)
+
+    monkeypatch.setattr(columns, "encode", fails_once)
+    db = rtindex.open(str(tmp_path / "db"), seal_rows=10)
+    c = db.create_collection("c", shards=1)
+    c.ingest([{"_id": i} for i in range(10)])  # rotates: the sealer's first attempt blocks
+    assert started.wait(10)
+    outcome = []
+    waiter = threading.Thread(target=lambda: outcome.append(_try(c.flush)))
+    waiter.start()
+    time.sleep(0.2)  # flush() is waiting for the seal
+    release.set()
+    waiter.join(10)
+    assert not waiter.is_alive() and outcome == [None]
+    assert len(_sealed(c._shards[0])) == 1 and c.get(3)["_id"] == 3
+    db.close()
+
+
+def _try(fn):
+    try:
+        fn()
+    except Exception as e:  # the test asserts on what came back
+        return e
+    return None
