@@ -21,6 +21,7 @@ from sqlglot import exp
 import rtindex
 from rtindex.errors import SqlError, UnsupportedSqlError
 from rtindex.sql import messages
+from rtindex.sql.syntax import MAX_DEPTH, MAX_NESTING
 from tests.serving import Served
 
 INTERNAL = re.compile(r'\b(f\d+|c\d+|__pos|frame|GROUP_CONCAT|NULLSAFENEQ|BRACKET|COLUMN)\b')
@@ -154,6 +155,37 @@ def test_a_warning_for_where_on_an_output_alias(db, t):
     assert res.rows() == [] and "output alias twice" in res.warnings[0] and "HAVING" in res.warnings[0]
 
 
+def _chain(op: str, n: int, term: str) -> str:
+    return f" {op} ".join(term.format(i=i) for i in range(n))
+
+
+@pytest.mark.parametrize("sql, says", [
+    ("SELECT " + "(" * (MAX_NESTING + 1) + "k" + ")" * (MAX_NESTING + 1) + " AS v FROM t",
+     f"more than {MAX_NESTING} deep"),
+    ("SELECT k FROM " + "(SELECT k FROM " * 89 + "t" + ") s" * 89, f"more than {MAX_NESTING} deep"),
+    ("SELECT * FROM t WHERE " + _chain("OR", 990, "k = {i}"), "write `x IN (...)`"),
+    ("SELECT " + _chain("+", 990, "k") + " AS v FROM t", f"more than {MAX_DEPTH} deep"),
+    ("SELECT t.k FROM t JOIN t AS u ON t._id = u._id WHERE " + _chain("AND", 400, "t.k <> {i}"),
+     f"more than {MAX_DEPTH} deep"),
+])
+def test_nesting_past_the_limits_is_refused_naming_them(db, t, sql, says):
+    with pytest.raises(SqlError, match=re.escape(says)):
+        db.sql(sql)
+
+
+def test_nesting_up_to_the_limits_runs_on_every_path(db, t):
+    """Every code path that recurses (parser, planner, small-query compiler, DuckDB text)
+    takes the deepest query the limits let through."""
+    deep = MAX_DEPTH - 6  # the chain's terms under SELECT and WHERE
+    for sql in ("SELECT " + "(" * MAX_NESTING + "k" + ")" * MAX_NESTING + " AS v FROM t",
+                "SELECT k FROM " + "(SELECT k FROM " * (MAX_NESTING - 1) + "t" + ") s" * (MAX_NESTING - 1),
+                "SELECT * FROM t WHERE " + _chain("OR", deep, "k = {i}"),
+                "SELECT " + _chain("+", deep, "k") + " AS v FROM t",
+                "SELECT SUM(" + _chain("+", deep, "k") + ") AS v FROM t GROUP BY s",
+                "SELECT t.k FROM t JOIN t AS u ON t._id = u._id WHERE " + _chain("OR", deep, "t.k = {i}")):
+        db.sql(sql)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     s = Served(str(tmp_path_factory.mktemp("srv") / "db"))
@@ -174,6 +206,10 @@ def test_the_service_replies_with_the_warnings(served):
         assert "did you mean lang?" in orjson.loads(a.headers["x-rtindex-stats"])["warnings"][0]
     with rtindex.connect(served.url, api_key=served.admin_key) as remote:
         assert "did you mean lang?" in remote.sql("SELECT LANG FROM w").warnings[0]
+        deep = "SELECT " + "(" * 42 + "1" + ")" * 42 + " AS v FROM w"  # a 500 before the limit
+        with served.client() as c:
+            r = c.post("/v1/query", json={"sql": deep})
+            assert r.status_code == 400 and f"more than {MAX_NESTING} deep" in r.json()["message"]
         assert remote.sql("SELECT lang FROM w").warnings == []
 
 

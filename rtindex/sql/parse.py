@@ -25,7 +25,7 @@ from sqlglot.tokens import TokenType
 from rtindex.errors import SqlError, UnsupportedSqlError
 from rtindex.sql import frames, messages
 from rtindex.sql import predicates as P
-from rtindex.sql.syntax import syntax_error
+from rtindex.sql.syntax import check_depth, check_nesting, syntax_error
 
 DIALECT = "duckdb"
 
@@ -392,6 +392,7 @@ class _Parser:
 
     def statement(self) -> exp.Expression:
         """The one statement of the text (a syntax error in the user's words otherwise)."""
+        check_nesting(self.sql, self.text, self.original)
         try:
             trees = sqlglot.parse(self.text, read=DIALECT)
         except sqlglot.errors.SqlglotError as e:
@@ -400,6 +401,7 @@ class _Parser:
         trees = [t for t in trees if t is not None]
         if len(trees) != 1:
             raise SqlError(f"expected one statement, got {len(trees)}", self.sql)
+        check_depth(self.sql, trees[0])
         for group in trees[0].find_all(exp.Group):  # (sqlglot reads "GROUP BY" with nothing after it)
             if not any(group.args.get(k) for k in ("expressions", "all", "rollup", "cube", "grouping_sets")):
                 pos = messages.keyword_position("GROUP BY", self.text)

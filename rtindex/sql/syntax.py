@@ -7,6 +7,10 @@ the tokens: an unterminated string, quoted name or comment; an unbalanced parent
 misspelled keyword (with the keyword it resembles); GROUP or ORDER without BY; a query that
 ends too early; else the token near which the text stopped making sense. Every message
 names what the user wrote and where (``SqlError.position``).
+
+Nesting is bounded before anything recursive sees the text (sqlglot's parser, the planner
+and the code generators all recurse): parentheses at most ``MAX_NESTING`` deep, the parsed
+tree at most ``MAX_DEPTH`` levels (a chain of ORs or of ``+`` is one level a term).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from sqlglot.tokens import Token, TokenType
 
 from rtindex.errors import SqlError
 
+MAX_NESTING = 32  # parentheses (subqueries included) open at once
+MAX_DEPTH = 256  # levels of the parsed expression tree
 KEYWORDS = ("SELECT", "FROM", "WHERE", "GROUP BY", "ORDER BY", "HAVING", "LIMIT", "OFFSET", "AND", "OR", "NOT",
             "BETWEEN", "LIKE", "IN", "IS", "NULL", "AS", "DISTINCT", "CASE", "WHEN", "THEN", "ELSE", "END", "CAST",
             "ASC", "DESC", "UNNEST", "EXCEPT", "GROUP", "ORDER", "BY", "TRUE", "FALSE")
@@ -51,6 +57,38 @@ def syntax_error(sql: str, text: str, error: sqlglot.errors.SqlglotError,
         message, pos = _unparsable(text, error, shown)
         return SqlError(message, sql, original(pos) if pos is not None else None)
     return SqlError("syntax error: this is not a SELECT rtindex can read", sql)
+
+
+def check_nesting(sql: str, text: str, original: Callable[[int], int]) -> None:
+    """SqlError if parentheses in ``text`` nest deeper than MAX_NESTING (before parsing:
+    sqlglot's parser recurses once a level). A text that does not tokenize is left to the
+    parser's error."""
+    try:
+        tokens = Dialect.get_or_raise("duckdb").tokenize(text)
+    except sqlglot.errors.SqlglotError:
+        return
+    depth = 0
+    for t in tokens:
+        if t.token_type == TokenType.L_PAREN:
+            depth += 1
+            if depth > MAX_NESTING:
+                raise SqlError(f"the query nests parentheses or subqueries more than {MAX_NESTING} deep "
+                               f"(the limit): flatten it, or split it into several queries", sql, original(t.start))
+        elif t.token_type == TokenType.R_PAREN:
+            depth -= 1
+
+
+def check_depth(sql: str, tree: sqlglot.exp.Expression) -> None:
+    """SqlError if the parsed ``tree`` is deeper than MAX_DEPTH levels (measured without
+    recursion): a long chain of OR, AND or arithmetic terms is that deep."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SqlError(f"the query's expressions nest more than {MAX_DEPTH} deep (the limit; a chain of "
+                           f"OR, AND or + counts a level a term): write `x IN (...)` for a chain of "
+                           f"OR x = ..., or split the query", sql)
+        stack.extend((child, depth + 1) for child in node.iter_expressions())
 
 
 def _line_column(text: str, pos: int) -> str:
