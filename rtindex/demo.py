@@ -65,7 +65,7 @@ def demo(path: str, n_events: int, shards: int, out=sys.stdout) -> dict:
         # made a chunk at a time as they are ingested (all of them at once as Python objects
         # would be most of the demo's memory); the rates count the ingest calls' time only
         generated = datagen.rockbench_events(n_events, seed=1)
-        total, step, secs, last, sample = 0, 10_000, 0.0, time.perf_counter(), None
+        total, step, secs, last, sample = 0, 2_000, 0.0, time.perf_counter(), None
         for i in range(0, n_events, step):
             docs = list(itertools.islice(generated, step))
             if i <= n_events // 2 < i + len(docs):
