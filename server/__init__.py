@@ -5,7 +5,8 @@ Unix socket; N query processes open the same directory with ``role="reader"``, s
 public port, answer queries and reads themselves, and relay write requests, bytes
 unparsed, to the ingest process. See docs/service.md for the picture.
 
-Modules: ``config`` (options and limits), ``auth`` (API keys), ``admission`` (the
+Modules: ``routes`` (the route table: role and process of each route), ``config``
+(options and limits), ``auth`` (API keys), ``admission`` (the
 query-admission ASGI layer), ``http`` (JSON replies and errors), ``metrics``,
 ``ingest_app`` and ``query_app`` (the two kinds of process), ``relay`` (query process ->
 ingest process), ``supervisor`` (starts, watches and stops them), ``worker`` (a child's

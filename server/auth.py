@@ -6,7 +6,8 @@ is nothing to brute-force that a slow hash would protect. Keys live in
 made or revoked with ``rtindex keys`` (or the admin API) takes effect without a restart.
 
 Roles are ordered: ``read`` queries and reads documents, ``write`` also writes documents,
-``admin`` also creates and drops collections and manages keys.
+``admin`` also creates and drops collections and manages keys. The role each route needs
+is in the route table, server/routes.py.
 """
 
 from __future__ import annotations

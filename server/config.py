@@ -32,6 +32,10 @@ class ServerConfig:
     max_concurrent_queries: int = 4  # per query process
     max_queued_queries: int = 64  # per query process
     queue_timeout_ms: int = 1_000  # a queued query that waits longer gets 429
+    # seconds an idle keep-alive connection stays open: longer than common clients keep idle
+    # connections in their pools (Go's net/http among them), so the client closes first and
+    # never sends a request on a connection the server is closing at that moment
+    keep_alive_timeout_s: int = 120
     auth: bool = True
     demo: bool = False
     limits: Limits = field(default_factory=Limits)

@@ -8,8 +8,12 @@ the rtindex errors whose messages are written for users.
 
 from __future__ import annotations
 
+import unicodedata
+
 import orjson
 from starlette.responses import Response
+
+import rtindex
 
 JSON = b"application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -31,6 +35,47 @@ class HttpError(Exception):
         if self.limit:
             d["limit"] = self.limit
         return orjson.dumps(d)
+
+
+# The one table of what an exception raised while answering a request is answered with:
+# (exception class, status, type, the limit it names). The first row that matches wins, so a
+# class comes before its bases. An exception no row matches is the server's own failure:
+# logged, and answered 500 without its text.
+ERRORS: tuple[tuple[type[Exception], int, str, str | None], ...] = (
+    (rtindex.QueryTimeoutError, 408, "Timeout", "timeout_ms"),
+    (rtindex.ResultTooLargeError, 413, "LimitExceeded", "max_result_bytes"),
+    (rtindex.SqlError, 400, "BadSql", None),
+    (rtindex.NotFoundError, 404, "NotFound", None),
+    (rtindex.AlreadyExistsError, 409, "AlreadyExists", None),
+    (rtindex.StorageError, 503, "StorageError", None),
+    # a document that cannot be stored, a fence no writer made, and the arguments that
+    # rtindex and the key store refuse (an invalid collection name or role): their
+    # messages are written for users
+    (ValueError, 400, "BadRequest", None),
+)
+
+
+def error_for(e: BaseException) -> HttpError | None:
+    """The reply to an exception raised while answering a request (an ``HttpError`` is its
+    own), or None when ``ERRORS`` has no row for it."""
+    if isinstance(e, HttpError):
+        return e
+    for cls, status, type_, limit in ERRORS:
+        if isinstance(e, cls):
+            return HttpError(status, type_, str(e), limit=limit)
+    return None
+
+
+def internal_error() -> HttpError:
+    return HttpError(500, "InternalError", "the server failed on this request; its log says why")
+
+
+def path_name(kind: str, name: str) -> str:
+    """A collection or workspace name from a URL path, refused (400) when it has a control
+    character: no collection can have that name, so the request is malformed, not missing."""
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise HttpError(400, "BadRequest", f"invalid {kind} name {name[:200]!r}: it has a control character")
+    return name
 
 
 def too_large(limit: str, value: int, what: str) -> HttpError:

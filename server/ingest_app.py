@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import re
 from typing import Any
 
@@ -25,9 +26,12 @@ from starlette.routing import Route
 
 import rtindex
 
-from . import metrics
+from . import metrics, routes
 from .config import ServerConfig
-from .http import NDJSON, HttpError, error_response, json_response, send_error, too_large
+from .http import (NDJSON, HttpError, error_for, error_response, internal_error, json_response, path_name, send_error,
+                   too_large)
+
+log = logging.getLogger("rtindex.server")
 
 BATCH_DOCS = 1_000
 BATCH_BYTES = 4 << 20
@@ -75,10 +79,9 @@ class IngestService:
 
     # ---------------------------------------------------------------- helpers
     def collection(self, name: str) -> rtindex.Collection:
-        try:
-            return self.db[name]
-        except rtindex.NotFoundError:
-            raise HttpError(404, "NotFound", f"no collection named {name!r}") from None
+        if path_name("collection", name) not in self.db:
+            raise HttpError(404, "NotFound", f"no collection named {name!r}")
+        return self.db[name]
 
     async def _ingest(self, coll: rtindex.Collection, docs: list, first: int, items: list,
                       names: list[str] | None = None) -> str:
@@ -230,12 +233,7 @@ class IngestService:
     # ---------------------------------------------------------------- native routes
     def _create(self, name: str, shards) -> rtindex.Collection:
         """Create a collection for either API's route, with the same refusals."""
-        try:
-            return self.db.create_collection(name, shards=shards)
-        except rtindex.AlreadyExistsError as e:
-            raise HttpError(409, "AlreadyExists", str(e)) from None
-        except ValueError as e:
-            raise HttpError(400, "BadRequest", str(e)) from None
+        return self.db.create_collection(name, shards=shards)
 
     async def create_collection(self, request: Request) -> Response:
         body = await self._json(request)
@@ -264,10 +262,7 @@ class IngestService:
         if not isinstance(ops, list):
             raise HttpError(400, "BadRequest", "the body must be a JSON Patch: an array of operations")
         doc_id = self._stored_id(coll, request.path_params["doc_id"])
-        try:
-            doc = await anyio.to_thread.run_sync(coll.patch, doc_id, ops)
-        except rtindex.SchemaError as e:
-            raise HttpError(400, "BadRequest", str(e)) from None
+        doc = await anyio.to_thread.run_sync(coll.patch, doc_id, ops)
         return json_response({"_id": doc_id, "status": "PATCHED", "document": doc, "fence": coll.fence()})
 
     async def delete_doc(self, request: Request) -> Response:
@@ -286,14 +281,14 @@ class IngestService:
 
     # ---------------------------------------------------------------- Rockset's routes
     def rockset_name(self, request: Request) -> str:
-        ws, coll = request.path_params["ws"], request.path_params.get("coll")
-        return rockset_collection(ws, coll)
+        ws, coll = request.path_params["ws"], request.path_params["coll"]
+        return rockset_collection(path_name("workspace", ws), path_name("collection", coll))
 
     async def rockset_create(self, request: Request) -> Response:
         body = await self._json(request)
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             raise HttpError(400, "BadRequest", 'give {"name": ...}')
-        ws = request.path_params["ws"]
+        ws = path_name("workspace", request.path_params["ws"])
         self._create(rockset_collection(ws, body["name"]), body.get("shards", 4))
         return json_response({"data": {"name": body["name"], "workspace": ws, "status": "READY"}})
 
@@ -379,28 +374,24 @@ def build_app(db: rtindex.Database, config: ServerConfig):
         async def endpoint(request: Request) -> Response:
             try:
                 return await handler(request)
-            except HttpError as e:
-                return error_response(e)
-            except rtindex.StorageError as e:
-                return error_response(HttpError(503, "StorageError", str(e)))
+            except Exception as e:  # answered by http.ERRORS; anything else is logged
+                err = error_for(e)
+                if err is None:
+                    log.exception("rtindex serve (ingest): %s %r failed", request.method, request.url.path[:200])
+                    err = internal_error()
+                return error_response(err)
         return endpoint
 
-    routes = [
-        Route("/healthz", wrap(svc.healthz), methods=["GET"]),
-        Route("/v1/collections", wrap(svc.create_collection), methods=["POST"]),
-        Route("/v1/collections/{name}", wrap(svc.drop_collection), methods=["DELETE"]),
-        Route("/v1/collections/{name}/docs", wrap(svc.post_docs), methods=["POST"]),
-        Route("/v1/collections/{name}/docs/{doc_id:path}", wrap(svc.patch_doc), methods=["PATCH"]),
-        Route("/v1/collections/{name}/docs/{doc_id:path}", wrap(svc.delete_doc), methods=["DELETE"]),
-        Route("/v1/orgs/self/ws/{ws}/collections", wrap(svc.rockset_create), methods=["POST"]),
-        Route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", wrap(svc.rockset_docs), methods=["POST"]),
-        Route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", wrap(svc.rockset_patch), methods=["PATCH"]),
-    ]
+    # its own /healthz (the query processes' /healthz asks it; not a public route), then
+    # every route of the table the ingest process serves
+    served = [Route("/healthz", wrap(svc.healthz), methods=["GET"], name="healthz")]
+    served += [Route(r.path, wrap(getattr(svc, r.name)), methods=[r.method], name=r.name)
+               for r in routes.served_by(routes.INGEST)]
     @contextlib.asynccontextmanager
     async def lifespan(app):
         task = asyncio.create_task(metrics.sample_forever(db))
         yield
         task.cancel()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=served, lifespan=lifespan)
     return WriteBudget(app, config)

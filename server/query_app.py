@@ -33,20 +33,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import rtindex
 
-from . import metrics
+from . import metrics, routes
 from .admission import Admission
 from .auth import KeyStore, key_from_headers, role_allows
 from .config import ServerConfig
-from .http import (ARROW_STREAM, HttpError, error_response, header, json_response, parse_json, read_body, send_bytes,
-                   send_error)
+from .http import (ARROW_STREAM, ERRORS, HttpError, error_for, error_response, header, internal_error, json_response,
+                   parse_json, path_name, read_body, send_bytes, send_error)
 from .ingest_app import stored_doc
 from .relay import Relay
+from .routes import DOCS_ASSETS, OPEN_PATHS, required_role
 
 log = logging.getLogger("rtindex.server")
 
 QUERY_PATHS = {"/v1/query", "/v1/orgs/self/queries", "/v1/noop"}
-OPEN_PATHS = {"/healthz", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
-DOCS_ASSETS = "/docs-assets"  # the scripts and styles of /docs and /redoc (open, like them)
 MAX_QUERY_BODY = 1 << 20  # SQL text plus parameters
 # seconds past timeout_ms before a query still running is answered 408 anyway: DuckDB's
 # part stops at timeout_ms, the rest (index lookups, fetching rows) cannot be interrupted
@@ -121,8 +120,7 @@ class QueryService:
         staleness_ms = self.db.lag()["ms"]
         # a point query of a few rows is answered here, on the event loop: its work is
         # bounded, and shorter than handing it to a thread and back
-        got = None if arrow else self._answer(self._sql_errors(self.db.try_point, sql, params, max_rows=INLINE_ROWS),
-                                              arrow)
+        got = None if arrow else self._answer(self.db.try_point(sql, params, max_rows=INLINE_ROWS), arrow)
         if got is not None:
             body, res, n = got
         else:
@@ -150,35 +148,22 @@ class QueryService:
                 b"{" + key + b":" + body + b',"stats":' + orjson.dumps(stats) + warnings + b"}", [], None)
 
     async def _wait_fence(self, fence: str, deadline: float, timeout_ms: int) -> None:
-        try:
-            while not self.db.caught_up(fence):
-                if time.perf_counter() >= deadline:
-                    raise HttpError(408, "Timeout", f"this replica did not reach min_fence within "
-                                                    f"timeout_ms={timeout_ms}", limit="timeout_ms")
-                await asyncio.sleep(0.0005)
-        except rtindex.FenceError as e:
-            raise HttpError(400, "BadRequest", str(e)) from None
+        while not self.db.caught_up(fence):  # a FenceError is answered by http.ERRORS
+            if time.perf_counter() >= deadline:
+                raise HttpError(408, "Timeout", f"this replica did not reach min_fence within "
+                                                f"timeout_ms={timeout_ms}", limit="timeout_ms")
+            await asyncio.sleep(0.0005)
 
     def _execute(self, sql: str, params: Any, arrow: bool, timeout_ms: int,
                  left_ms: float) -> tuple[bytes, rtindex.Result, int]:
         """In a worker thread: the query, and its rows serialized (the event loop stays free).
         Its DuckDB work is interrupted ``left_ms`` from now, so the thread is free again then."""
         try:
-            res = self._sql_errors(self.db.sql, sql, params, timeout_ms=left_ms)
+            res = self.db.sql(sql, params, timeout_ms=left_ms)
         except rtindex.QueryTimeoutError:
             metrics.QUERY_TIMEOUTS.inc()
             raise HttpError(408, "Timeout", f"the query ran past timeout_ms={timeout_ms}", limit="timeout_ms") from None
         return self._answer(res, arrow)
-
-    @staticmethod
-    def _sql_errors(run, sql: str, params: Any, **kw) -> rtindex.Result | None:
-        """``run(sql, params, **kw)``, its refusals as HTTP errors."""
-        try:
-            return run(sql, params, **kw)
-        except rtindex.NotFoundError as e:
-            raise HttpError(404, "NotFound", e.args[0] if e.args else str(e)) from None
-        except rtindex.SqlError as e:
-            raise HttpError(400, "BadSql", str(e)) from None
 
     def _answer(self, res: rtindex.Result | None, arrow: bool) -> tuple[bytes, rtindex.Result, int] | None:
         """(body, result, rows) of a result (None: None), or the HttpError of one over a limit."""
@@ -227,21 +212,6 @@ def _rockset_value(p: dict) -> Any:
                                        "(int, float, bool, string)")
 
 
-def required_role(method: str, path: str) -> str | None:
-    """Who may call a route: None (anyone), "read", "write" or "admin"."""
-    if path in OPEN_PATHS or path.startswith(DOCS_ASSETS + "/"):
-        return None
-    if path == "/v1/keys" or path.startswith("/v1/keys/"):
-        return "admin"
-    if method == "GET" or path in QUERY_PATHS:
-        return "read"
-    parts = path.strip("/").split("/")
-    if (parts[:2] == ["v1", "collections"] and len(parts) <= 3) \
-            or (parts[:4] == ["v1", "orgs", "self", "ws"] and len(parts) == 6):
-        return "admin"
-    return "write"
-
-
 class Front:
     """Keys, metrics and the lean query path, in front of everything (see the module doc)."""
 
@@ -261,11 +231,12 @@ class Front:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         status = 500
+        started = False  # a reply has begun (FastAPI's has, for an error it re-raises after its 500)
 
         async def send_status(msg):
-            nonlocal status
+            nonlocal status, started
             if msg["type"] == "http.response.start":
-                status = msg["status"]
+                status, started = msg["status"], True
             await send(msg)
 
         path, method = scope["path"], scope["method"]
@@ -281,13 +252,12 @@ class Front:
                     raise HttpError(403, "Forbidden", f"this API key's role is {role}; {method} {path} "
                                                       f"needs {need}")
             await self.admitted(scope, receive, send_status)
-        except HttpError as e:
-            await send_error(send_status, e)
-        except Exception:
-            log.exception("rtindex serve: %s %s failed", method, path)
-            if status == 500:  # nothing sent yet (a started reply cannot be changed)
-                await send_error(send_status, HttpError(500, "InternalError",
-                                                        "the server failed on this request; its log says why"))
+        except Exception as e:  # answered by http.ERRORS; anything else is logged
+            err = error_for(e)
+            if err is None:
+                log.exception("rtindex serve: %s %r failed", method, path[:200])
+            if not started:  # a started reply cannot be changed
+                await send_error(send_status, err or internal_error())
         finally:
             route = scope.get("route")
             label = path if path in QUERY_PATHS or path in OPEN_PATHS else (
@@ -314,10 +284,11 @@ class Front:
             status, ctype, body, headers, fut = await svc.run(
                 sql, params, fence, timeout_ms, arrow, path != "/v1/query", scope.get("rtindex.queued_ms", 0.0))
             await send_bytes(send, status, body, ctype, headers)
-        except HttpError as e:
-            await send_error(send, e)
-        except rtindex.StorageError as e:
-            await send_error(send, HttpError(503, "StorageError", str(e)))
+        except Exception as e:  # answered here, inside admission; the rest by Front
+            err = error_for(e)
+            if err is None:
+                raise
+            await send_error(send, err)
         finally:
             if fut is not None:  # a timed-out query keeps its slot until its thread is done
                 await asyncio.wait([fut])
@@ -344,9 +315,17 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
                          description="Real-time indexing database for JSON: writes, SQL, Rockset-compatible routes. "
                                      "Every route but /healthz needs `Authorization: ApiKey <key>`.")
 
-    @app.exception_handler(HttpError)
-    async def _http_error(request: Request, e: HttpError):
-        return error_response(e)
+    async def _mapped_error(request: Request, e: Exception):
+        """An exception of http.ERRORS (or an HttpError), answered by that table."""
+        return error_response(error_for(e))
+
+    for cls in (HttpError, *(row[0] for row in ERRORS)):
+        app.add_exception_handler(cls, _mapped_error)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, e: Exception):
+        """Any other: a 500 in the error shape (Front logs it)."""
+        return error_response(internal_error())
 
     @app.exception_handler(StarletteHTTPException)
     async def _route_error(request: Request, e: StarletteHTTPException):
@@ -358,10 +337,6 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
             return error_response(HttpError(405, "MethodNotAllowed", f"{request.url.path[:200]} does not take "
                                                                       f"{request.method} (the routes: /docs)"))
         return error_response(HttpError(e.status_code, "BadRequest", str(e.detail)))
-
-    @app.exception_handler(rtindex.StorageError)
-    async def _storage_error(request: Request, e: rtindex.StorageError):
-        return error_response(HttpError(503, "StorageError", str(e)))
 
     async def query_reply(request: Request, parsed: tuple, rockset: bool) -> Response:
         arrow = not rockset and request.headers.get("accept", "").startswith(ARROW_STREAM)
@@ -405,12 +380,11 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
         return json_response({"collections": out})
 
     def collection(name: str) -> rtindex.Collection:
-        try:
-            return db[name]
-        except rtindex.NotFoundError:
-            raise HttpError(404, "NotFound", f"no collection named {name!r}") from None
+        if path_name("collection", name) not in db:
+            raise HttpError(404, "NotFound", f"no collection named {name!r}")
+        return db[name]
 
-    @app.get("/v1/collections/{name}/docs/{doc_id:path}", tags=["documents"], summary="One document by _id")
+    @app.get("/v1/collections/{name}/docs/{doc_id:rest}", tags=["documents"], summary="One document by _id")
     async def get_doc(name: str, doc_id: str):
         coll = collection(name)
         found = stored_doc(coll, doc_id)
@@ -418,35 +392,34 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
             raise HttpError(404, "NotFound", f"no document with _id {doc_id!r} in collection {name!r}")
         return json_response(found[1])
 
-    # writes: relayed to the ingest process
+    # writes: relayed to the ingest process, every route of the table it serves (their docs
+    # here; the role each needs, from the table, ends the summary)
     async def relay_write(request: Request):
         return await relay.forward(request)
 
     docs_body = {"requestBody": {"content": {
         "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
         "application/x-ndjson": {"schema": {"type": "string"}}}}}
-    app.add_api_route("/v1/collections", relay_write, methods=["POST"], tags=["collections"],
-                      summary='Create a collection: {"name", "shards"} (admin)',
-                      openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
-                          "type": "object", "properties": {"name": {"type": "string"},
-                                                           "shards": {"type": "integer"}}}}}}})
-    app.add_api_route("/v1/collections/{name}", relay_write, methods=["DELETE"], tags=["collections"],
-                      summary="Drop a collection and its data (admin)")
-    app.add_api_route("/v1/collections/{name}/docs", relay_write, methods=["POST"], tags=["documents"],
-                      summary="Add or replace documents: a JSON array, or NDJSON streamed (write)",
-                      openapi_extra=docs_body)
-    app.add_api_route("/v1/collections/{name}/docs/{doc_id:path}", relay_write, methods=["PATCH"], tags=["documents"],
-                      summary="Apply a JSON Patch to one document (write)",
-                      openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
-                          "type": "array", "items": {"type": "object"}}}}}})
-    app.add_api_route("/v1/collections/{name}/docs/{doc_id:path}", relay_write, methods=["DELETE"], tags=["documents"],
-                      summary="Delete one document (write)")
-    app.add_api_route("/v1/orgs/self/ws/{ws}/collections", relay_write, methods=["POST"], tags=["rockset"],
-                      summary='Create a collection in a workspace: {"name"} (admin)')
-    app.add_api_route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", relay_write, methods=["POST"],
-                      tags=["rockset"], summary='Add documents: {"data": [...]} (write)')
-    app.add_api_route("/v1/orgs/self/ws/{ws}/collections/{coll}/docs", relay_write, methods=["PATCH"],
-                      tags=["rockset"], summary='Patch documents: {"data": [{"_id", "patch"}]} (write)')
+    relayed_docs = {
+        "create_collection": dict(tags=["collections"], summary='Create a collection: {"name", "shards"}',
+                                  openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
+                                      "type": "object", "properties": {"name": {"type": "string"},
+                                                                       "shards": {"type": "integer"}}}}}}}),
+        "drop_collection": dict(tags=["collections"], summary="Drop a collection and its data"),
+        "post_docs": dict(tags=["documents"], summary="Add or replace documents: a JSON array, or NDJSON streamed",
+                          openapi_extra=docs_body),
+        "patch_doc": dict(tags=["documents"], summary="Apply a JSON Patch to one document",
+                          openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
+                              "type": "array", "items": {"type": "object"}}}}}}),
+        "delete_doc": dict(tags=["documents"], summary="Delete one document"),
+        "rockset_create": dict(tags=["rockset"], summary='Create a collection in a workspace: {"name"}'),
+        "rockset_docs": dict(tags=["rockset"], summary='Add documents: {"data": [...]}'),
+        "rockset_patch": dict(tags=["rockset"], summary='Patch documents: {"data": [{"_id", "patch"}]}'),
+    }
+    for r in routes.served_by(routes.INGEST):
+        docs = dict(relayed_docs.get(r.name, {}))
+        docs["summary"] = f"{docs.get('summary', r.name)} ({r.role})"
+        app.add_api_route(r.path, relay_write, methods=[r.method], name=r.name, **docs)
 
     @app.get("/v1/keys", tags=["keys"], summary="API keys (admin)")
     async def list_keys():
@@ -454,10 +427,7 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
 
     @app.post("/v1/keys", tags=["keys"], summary='Make an API key: {"role", "name"}; the key is shown once (admin)')
     async def create_key(body: dict = Body(...)):
-        try:
-            key, entry = keys.create(body.get("role", "read"), body.get("name", ""))
-        except ValueError as e:
-            raise HttpError(400, "BadRequest", str(e)) from None
+        key, entry = keys.create(body.get("role", "read"), body.get("name", ""))
         return json_response({**entry, "key": key}, 201)
 
     @app.delete("/v1/keys/{key_id}", tags=["keys"], summary="Revoke an API key (admin)")

@@ -4,10 +4,14 @@ A query process shares the public port with the other query processes; the inges
 listens only on a private Unix socket. Writes that reach a query process are passed on
 as they arrive (the body streamed in, the reply streamed out) over one pooled HTTP
 connection per in-flight request, so a query process spends a copy of the bytes on a
-write, not the parsing and indexing of it.
+write, not the parsing and indexing of it. The path goes on as the client sent it, still
+percent-encoded, so the ingest process decodes and routes exactly what this process
+authorized.
 """
 
 from __future__ import annotations
+
+from urllib.parse import quote
 
 import httpx
 from starlette.background import BackgroundTask
@@ -25,7 +29,9 @@ class Relay:
         self._client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=socket_path, retries=0),
             base_url="http://ingest", timeout=httpx.Timeout(None, connect=5.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+            # an idle connection is closed here, before the ingest process's longer keep-alive
+            # timeout (ServerConfig.keep_alive_timeout_s) would close it from its side
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=5.0))
 
     async def forward(self, request: Request) -> StreamingResponse:
         declared = request.headers.get("content-length", "")
@@ -34,7 +40,13 @@ class Relay:
             # relay had sent it the whole body
             raise too_large("max_body_bytes", self.max_body_bytes, "the request body")
         headers = [(k, v) for k, v in request.headers.items() if k in _PASSED]
-        url = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        # the raw bytes: a decoded path may hold characters no URL can carry unescaped
+        raw = request.scope.get("raw_path") or quote(request.scope["path"]).encode()
+        query = request.scope.get("query_string", b"")
+        try:
+            url = httpx.URL("http://ingest", raw_path=raw + (b"?" + query if query else b""))
+        except (httpx.InvalidURL, UnicodeDecodeError):
+            raise HttpError(400, "BadRequest", "the request's path or query string is not a valid URL") from None
         req = self._client.build_request(request.method, url, headers=headers, content=request.stream())
         try:
             resp = await self._client.send(req, stream=True)

@@ -79,6 +79,7 @@ def main(role: str) -> int:
     import rtindex
 
     common = dict(log_level="warning", access_log=False, http="httptools", lifespan="on",
+                  timeout_keep_alive=config.keep_alive_timeout_s,  # see ServerConfig
                   timeout_graceful_shutdown=30, server_header=False, date_header=False)
     if role == "ingest":
         from . import ingest_app

@@ -334,6 +334,21 @@ def test_metrics_and_health(served, admin):
     assert h["status"] == "ok" and h["ingest"] == "ok"
 
 
+def test_an_idle_connection_is_still_open_when_reused(served):
+    """Idle for longer than uvicorn's default keep-alive timeout, a connection is still open
+    when the client reuses it: clients keep idle connections longer than that, and one that
+    sends just as the server closes its end sees a reset."""
+    def client_end(r: httpx.Response) -> tuple:
+        return r.extensions["network_stream"].get_extra_info("client_addr")
+
+    with served.client(limits=httpx.Limits(keepalive_expiry=60)) as c:  # httpx's own is shorter
+        first = client_end(c.post("/v1/collections", json={"name": "idle", "shards": 1}))
+        time.sleep(6.5)
+        again = c.post("/v1/collections/idle/docs", json=[{"_id": 1}])  # relayed, too
+        assert again.status_code == 200, again.text
+        assert client_end(again) == first, "the server closed the idle connection"
+
+
 def test_overload_is_refused_fast_and_bounded(tmp_path):
     s = Served(str(tmp_path / "db"), "--max-concurrent-queries", "1", "--max-queued-queries", "2",
                "--queue-timeout-ms", "5000", "--limit", "max_sql_chars=300")
