@@ -20,6 +20,7 @@ import pytest
 
 import rtindex
 from rtindex import documents
+from tests.reliability import record
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -312,18 +313,21 @@ class CrashTest:
         return report
 
 
-def _run(tmp_path, rand, cycles):
+def _run(tmp_path, rand, cycles, test):
     t0 = time.monotonic()
-    report = CrashTest(tmp_path, rand).run(cycles)
+    crash = CrashTest(tmp_path, rand)
+    report = crash.run(cycles)  # raises at the first broken promise
     print(f"seed={rand.seed_value} {cycles} cycles in {time.monotonic() - t0:.1f} s")
     print("\n".join(report))
+    record(test, "library writer killed (SIGKILL) mid-write: acknowledged writes kept, none half there",
+           cycles, "kill cycles", 0, documents=len(crash.model))
 
 
-def test_kill9_durability(tmp_path, rand):
-    _run(tmp_path, rand, 6)
+def test_kill9_durability(tmp_path, rand, request):
+    _run(tmp_path, rand, 6, request.node.nodeid)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_kill9_durability_long(tmp_path, rand):
-    _run(tmp_path, rand, 40)
+def test_kill9_durability_long(tmp_path, rand, request):
+    _run(tmp_path, rand, 40, request.node.nodeid)

@@ -46,6 +46,7 @@ import pytest
 import rtindex
 from rtindex import documents
 from rtindex.errors import CorruptionError, NotFoundError, StorageError
+from tests.reliability import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faults import Call, Fault, inject  # noqa: E402
@@ -406,7 +407,7 @@ def pick_ks(calls: list[Call], limit: int | None) -> list[int]:
     return sorted(ks)
 
 
-def fault_loop(tmp_path: Path, shards: int, sticky: bool, limit: int | None) -> None:
+def fault_loop(tmp_path: Path, shards: int, sticky: bool, limit: int | None, test: str) -> None:
     calls = dry_run(tmp_path, shards)
     ks = pick_ks(calls, limit)
     failures = []
@@ -419,6 +420,9 @@ def fault_loop(tmp_path: Path, shards: int, sticky: bool, limit: int | None) -> 
             failures.append((k, out[0].fired[:1] if out else [], str(e)))
         except Exception as e:  # a read or a reopen that failed, ...
             failures.append((k, out[0].fired[:1] if out else [], f"unexpected {type(e).__name__}: {e}"))
+    record(test, f"{'sticky' if sticky else 'transient'} storage fault at one call of a scenario "
+                 f"({shards} shard{'s' if shards > 1 else ''}): nothing acknowledged lost, nothing half "
+                 "written, the shard keeps working", len(ks), "fault points", len(failures), storage_calls=len(calls))
     if failures:
         by_site: dict[str, int] = {}
         for _, fired, _ in failures:
@@ -431,27 +435,27 @@ def fault_loop(tmp_path: Path, shards: int, sticky: bool, limit: int | None) -> 
 
 
 @pytest.mark.timeout(300)
-def test_fault_at_sampled_storage_calls(tmp_path):
-    fault_loop(tmp_path, shards=1, sticky=False, limit=SAMPLE)
+def test_fault_at_sampled_storage_calls(tmp_path, request):
+    fault_loop(tmp_path, shards=1, sticky=False, limit=SAMPLE, test=request.node.nodeid)
 
 
 @pytest.mark.timeout(300)
-def test_sticky_fault_at_sampled_storage_calls(tmp_path):
+def test_sticky_fault_at_sampled_storage_calls(tmp_path, request):
     """A disk that stays full for three operations, then space is freed."""
-    fault_loop(tmp_path, shards=1, sticky=True, limit=SAMPLE // 2)
+    fault_loop(tmp_path, shards=1, sticky=True, limit=SAMPLE // 2, test=request.node.nodeid)
 
 
 @pytest.mark.timeout(300)
-def test_fault_at_sampled_storage_calls_two_shards(tmp_path):
-    fault_loop(tmp_path, shards=2, sticky=False, limit=SAMPLE // 2)
+def test_fault_at_sampled_storage_calls_two_shards(tmp_path, request):
+    fault_loop(tmp_path, shards=2, sticky=False, limit=SAMPLE // 2, test=request.node.nodeid)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("shards,sticky", [(1, False), (1, True), (2, False)],
                          ids=["transient", "sticky", "transient-2-shards"])
-def test_fault_at_every_storage_call(tmp_path, shards, sticky):
-    fault_loop(tmp_path, shards=shards, sticky=sticky, limit=None)
+def test_fault_at_every_storage_call(tmp_path, shards, sticky, request):
+    fault_loop(tmp_path, shards=shards, sticky=sticky, limit=None, test=request.node.nodeid)
 
 
 # ---------------------------------------------------------------------------- focused tests
