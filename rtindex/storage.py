@@ -99,6 +99,11 @@ def _options(block_cache: Cache | None, wbm: WriteBufferManager | None, *, creat
     return o
 
 
+def _wal_numbers(path: str) -> set[int]:
+    """The numbers of the WAL files (``000123.log``) in the RocksDB directory ``path``."""
+    return {int(name[:-4]) for name in os.listdir(path) if name.endswith(".log") and name[:-4].isdigit()}
+
+
 def new_block_cache(nbytes: int) -> Cache:
     """One LRU block cache shared by every shard of a database."""
     return Cache(nbytes)
@@ -175,8 +180,10 @@ class Store:
                                 memtable_bloom=cf == "ids", bloom=cf != "rows") for cf in CFS}
         try:
             if self.secondary:
-                self._db = Rdict(path, options=opts, column_families=cf_opts,
-                                 access_type=AccessType.secondary(secondary_path))
+                self._open_secondary = lambda: Rdict(path, options=opts, column_families=cf_opts,
+                                                     access_type=AccessType.secondary(secondary_path))
+                self._wal_tail = max(_wal_numbers(path), default=0)  # listed before the open: see catch_up
+                self._db = self._open_secondary()
             else:
                 self._db = Rdict(path, options=opts, column_families=cf_opts)
             self._cf = {cf: self._db.get_column_family(cf) for cf in CFS}
@@ -288,10 +295,37 @@ class Store:
 
     def catch_up(self) -> int:
         """A secondary: apply what the writer has written since the last call; returns the
-        latest sequence number (unchanged means nothing new)."""
+        latest sequence number (unchanged means nothing new).
+
+        A secondary skips a WAL file the writer deleted (its writes are in SST files by
+        then), but what it had replayed of that file stays in its memtables and hides newer
+        values of the same keys (from gets, and from iterators once the flushed files are
+        compacted). So when the newest WAL file listed before the last catch-up is gone (they
+        go oldest first), the secondary is opened again from the current files.
+        """
         self._check()
         try:
+            tail = max(_wal_numbers(self.path), default=0)
             self._db.try_catch_up_with_primary()
+            stale = self._wal_tail not in _wal_numbers(self.path)
+        except Exception as e:
+            raise StorageError(f"cannot follow the writer of {self.path}: {e}") from e
+        if stale:
+            log.info("rtindex: the writer of %s deleted a WAL file this reader may not have read to its end: "
+                     "opening its RocksDB secondary again", self.path)
+            try:
+                db = self._open_secondary()
+            except Exception as e:
+                raise StorageError(f"cannot follow the writer of {self.path}: it deleted a WAL file this reader "
+                                   f"had not read to its end, and opening the reader's RocksDB secondary again "
+                                   f"failed: {e} (tried again at the next catch-up)") from e
+            with self._lock:  # reads under way finish on the instance they began with
+                self._check()
+                self._db = db
+                self._cf = {cf: db.get_column_family(cf) for cf in CFS}
+                self._h = {cf: db.get_column_family_handle(cf) for cf in CFS}
+        self._wal_tail = tail
+        try:
             return self._db.latest_sequence_number()
         except Exception as e:
             raise StorageError(f"cannot follow the writer of {self.path}: {e}") from e

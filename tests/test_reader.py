@@ -15,15 +15,23 @@ A step touches several shards of a multi-shard collection, and the engine writes
 shard (each shard's part is one atomic RocksDB write), so the whole-collection "never a
 partial step" check runs on one-shard collections; multi-shard runs check it per shard.
 
+3. Readers that lag: a reader that does not catch up while the writer writes, flushes (RocksDB
+   deletes the WAL files the reader had read from) and compacts, in this process, while it
+   catches up in a loop, and in another process stopped with SIGSTOP, then reads every
+   document at its latest version.
+
 Replay a sequence with RTINDEX_SEED=<seed> (the process timing is not replayable).
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -684,3 +692,158 @@ def test_ingest_reports_which_documents_replaced_a_stored_one(db):
     assert c.ingest([{"_id": 1}, {"_id": 2}]).replaced == []
     s = c.ingest([{"_id": 3}, {"_id": 2}, {"_id": "bad", "x": float("nan")}, {"_id": 3}, {"_id": 1}], errors="report")
     assert s.replaced == [1, 3, 4] and s.n == 3
+
+
+# ===================================================================== 3. readers that lag
+def wal_files(coll) -> set[str]:
+    """The WAL files of the RocksDB instances of every shard of ``coll``."""
+    return set(glob.glob(os.path.join(coll.path, "shard-*", "*.log")))
+
+
+LEVEL0_TRIGGER = 4  # RocksDB's level0_file_num_compaction_trigger (its default)
+
+
+def level0_files(shard) -> int:
+    return shard.store._cf["meta"].property_int_value("rocksdb.num-files-at-level0")
+
+
+def churn(wc, ver: Versions, rand, rounds: int) -> None:
+    """Rounds of upserts, new documents, deletes and a patch, each ending with the writer's
+    memtables flushed: RocksDB starts a new WAL file and deletes the ones the flush emptied."""
+    for _ in range(rounds):
+        docs = ver.docs(rand.sample(range(400), 80))
+        wc.ingest(docs)
+        wc.patch(docs[-1]["_id"], [{"op": "replace", "path": "/g", "value": 3}])
+        for i in rand.sample(range(400), 4):
+            wc.delete(i)
+        for s in wc._shards:
+            s.store.flush_memtables()
+
+
+def settle(wc) -> None:
+    """End the way RocksDB may end a writer's busy spell: the writer's last writes flushed
+    into SST files (no WAL file holds them any more) and these compacted into the last
+    level, which rewrites their keys. RocksDB compacts once ``LEVEL0_TRIGGER`` files wait
+    in level 0, so each shard deletes a document and flushes until a flush makes that many."""
+    wc.flush()
+    for shard in wc._shards:
+        mine = [d["_id"] for d in content(wc).values() if wc._shard_for(d["_id"])[0] is shard]
+        while True:
+            assert wc.delete(mine.pop())
+            shard.wait_for_background()
+            shard.store.flush_memtables()
+            if level0_files(shard) >= LEVEL0_TRIGGER:
+                break
+        wait_until(lambda shard=shard: level0_files(shard) == 0, 10, "RocksDB to compact level 0", 0.01)
+
+
+def test_a_reader_that_lagged_reads_the_latest_versions_after_its_wal_files_went(pair, rand):
+    """A reader that did not catch up while the writer wrote, flushed (deleting every WAL
+    file the reader had read from) and compacted: its next refresh shows every document at
+    its latest version (count, get, SQL, snapshot lookups), never what its RocksDB
+    secondary replayed of the deleted files."""
+    w, open_reader = pair
+    ver = Versions()
+    wc = w.create_collection("c", shards=2)
+    wc.ingest(ver.docs(range(300)))
+    r = open_reader()
+    wait_until(lambda: len(r["c"]) == 300, 5, "the reader to show the documents")
+    r._follower.stop()  # nothing catches the reader up until it is asked to
+    read = wal_files(wc)
+    churn(wc, ver, rand, rounds=8)
+    settle(wc)
+    assert not read & wal_files(wc), "the writer kept a WAL file the reader had read from"
+    r.refresh()
+    assert len(r["c"]) == len(wc)
+    same_reads(w, r)
+
+
+def test_a_reader_catching_up_while_the_writer_deletes_wal_files(pair, rand):
+    """A thread refreshes and reads the reader over and over (with its follower thread) while
+    the writer writes and flushes hard: no read or refresh fails, and the reader equals the
+    writer once the writer stops."""
+    w, open_reader = pair
+    ver = Versions()
+    wc = w.create_collection("c", shards=2)
+    wc.ingest(ver.docs(range(300)))
+    r = open_reader()
+    rc = r["c"]
+    stop = threading.Event()
+    errors: list[str] = []
+    reads = [0]
+
+    def follow(rng: random.Random) -> None:
+        while not stop.is_set():
+            try:
+                r.refresh()
+                len(rc)
+                rc.get(rng.randrange(400))
+                r.sql("SELECT count(*) AS n FROM c WHERE g = 3").rows()
+                reads[0] += 1
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+
+    t = threading.Thread(target=follow, args=(random.Random(rand.random()),))
+    t.start()
+    try:
+        read = wal_files(wc)
+        churn(wc, ver, rand, rounds=25)
+        settle(wc)
+    finally:
+        stop.set()
+        t.join()
+    assert not read & wal_files(wc), "the writer kept a WAL file the reader had read from"
+    assert not errors, f"{len(errors)} of {reads[0] + len(errors)} reads failed; first: {errors[0]}"
+    assert reads[0] > 10
+    r.refresh()
+    same_reads(w, r)
+    assert r.stats()["follow_error"] is None
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_process_stopped_while_its_wal_files_went(tmp_path, rand):
+    """A reader process stopped (SIGSTOP) while the writer writes, flushes and compacts
+    catches up by itself once it runs again, the writer closed by then: it reads the
+    writer's final state, and none of its reads or refreshes fail."""
+    path = str(tmp_path / "db")
+    out, stop = tmp_path / "reader.ndjson", tmp_path / "stop"
+    w = rtindex.open(path, **rw.OPEN_OPTIONS)
+    p = None
+    try:
+        wc = w.create_collection(rw.COLLECTION, shards=2)
+        ver = Versions()
+        wc.ingest(ver.docs(range(300)))
+        with open(tmp_path / "reader.stderr", "wb") as f:
+            p = subprocess.Popen([sys.executable, "-u", str(WORKER), "reader", path, "--out", str(out), "--stop",
+                                  str(stop), "--shards", "2"], stdout=f, stderr=subprocess.STDOUT, env=_env(),
+                                 cwd=str(REPO_ROOT))
+
+        def records() -> list[dict]:
+            return [orjson.loads(line) for line in Run._raw(out).split(b"\n")[:-1]]
+
+        wait_until(lambda: any("ready" in x for x in records()) or p.poll() is not None, 60, "the reader to open")
+        assert p.poll() is None, (tmp_path / "reader.stderr").read_text()
+        os.kill(p.pid, signal.SIGSTOP)
+        read = wal_files(wc)
+        churn(wc, ver, rand, rounds=8)
+        settle(wc)
+        assert not read & wal_files(wc), "the writer kept a WAL file the reader had read from"
+        want = rw.digest(((d["_id"], d["v"]) for d in content(wc).values()), 2)[0]
+        w.close()  # no later write of the writer's can mend the reader's RocksDB for it
+        t0 = time.time()
+        os.kill(p.pid, signal.SIGCONT)
+        wait_until(lambda: any(x.get("d") == want and x["t"] >= t0 for x in records()) or p.poll() is not None, 20,
+                   "the reader to read the writer's final state", 0.02)
+        stop.touch()
+        assert p.wait(20) == 0, (tmp_path / "reader.stderr").read_text()
+        recs = records()
+        failed = [x.get("err") or x["refresh_err"] for x in recs if "err" in x or "refresh_err" in x]
+        assert not failed, f"{len(failed)} reads failed; first:\n{failed[0]}"
+        closed = next(x["closed"] for x in recs if "closed" in x)
+        assert closed["follow_error"] is None and closed["lag"]["rows"] == 0, closed
+    finally:
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+            p.wait(10)
+        w.close()
