@@ -160,3 +160,55 @@ def test_the_rocksdb_log_is_bounded(tmp_path, monkeypatch):
         st.close()
     logs = glob.glob(str(tmp_path / "s" / "LOG*"))
     assert len(logs) == 2 and sum(os.path.getsize(f) for f in logs) < 2 * (64 << 10) + (16 << 10)
+
+
+def wal_files(path) -> set[str]:
+    """The names of the WAL files of the RocksDB instance at ``path``."""
+    return {os.path.basename(f) for f in glob.glob(os.path.join(str(path), "*.log"))}
+
+
+LEVEL0_TRIGGER = 4  # RocksDB's level0_file_num_compaction_trigger (its default)
+
+
+def meta_level0_files(store: storage.Store) -> int:
+    return store._cf["meta"].property_int_value("rocksdb.num-files-at-level0")
+
+
+def test_a_secondary_sees_current_values_after_the_writer_deleted_the_wal_it_read(tmp_path):
+    """A RocksDB secondary skips a WAL file the writer deleted (its writes are in SST files
+    by then), but what it had replayed of that file stays in its memtables and hides the
+    newer values of the same keys: from gets at once, from iterators once RocksDB compacted
+    the flushed files into the last level (which rewrites their keys). A catch-up that
+    finds the WAL file it was reading gone opens the secondary again."""
+    w = storage.Store(str(tmp_path / "s"), create=True)
+    r = storage.Store(str(tmp_path / "s"), secondary_path=str(tmp_path / "secondary"))
+    try:
+        b = w.batch()
+        b.put("meta", b"N", b"0")
+        b.put("meta", b"S", b"old")
+        w.write(b)
+        r.catch_up()
+        assert r.get("meta", b"N") == b"0" and r.get("meta", b"S") == b"old"
+        read = wal_files(tmp_path / "s")
+        b = w.batch()
+        b.put("meta", b"N", b"1")
+        b.delete("meta", b"S")
+        w.write(b)
+        for n in range(2, LEVEL0_TRIGGER + 1):  # a level-0 file a flush: RocksDB compacts them
+            w.flush_memtables()
+            b = w.batch()
+            b.put("meta", b"N", b"%d" % n)
+            w.write(b)
+        w.flush_memtables()
+        deadline = time.monotonic() + 10
+        while meta_level0_files(w) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert meta_level0_files(w) == 0, "RocksDB did not compact the flushed files"
+        assert not read & wal_files(tmp_path / "s"), "the WAL file the secondary read was not deleted"
+        r.catch_up()
+        last = b"%d" % LEVEL0_TRIGGER
+        assert r.get("meta", b"N") == last and r.get("meta", b"S") is None
+        assert list(r.scan("meta", b"")) == [(b"N", last)]
+    finally:
+        r.close()
+        w.close()
