@@ -42,6 +42,11 @@ class Relay:
         headers = [(k, v) for k, v in request.headers.items() if k in _PASSED]
         # the raw bytes: a decoded path may hold characters no URL can carry unescaped
         raw = request.scope.get("raw_path") or quote(request.scope["path"]).encode()
+        if any(seg in (b".", b"..") for seg in raw.split(b"/")):
+            # httpx would resolve them, relaying a write to another route than the one the
+            # key was checked for: ".../docs/../../victim" would drop "victim"
+            raise HttpError(400, "BadRequest", "a path segment is '.' or '..'; send such a document _id "
+                                               "percent-encoded (%2E)")
         query = request.scope.get("query_string", b"")
         try:
             url = httpx.URL("http://ingest", raw_path=raw + (b"?" + query if query else b""))

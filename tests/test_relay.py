@@ -5,7 +5,8 @@ client can send makes the relay fail or close the client's connection.
 
 from __future__ import annotations
 
-from urllib.parse import quote
+import socket
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -74,3 +75,38 @@ def test_the_ingest_process_gets_the_path_as_sent(served):
                                                                      "_event_time": p.json()["document"]["_event_time"]}
         assert c.delete("/v1/collections/ids/docs/%2541").json()["_id"] == "%41"  # not "A"
         assert c.delete("/v1/collections/ids/docs/A").status_code == 404
+
+
+def raw_request(url: str, method: str, path: str, key: str) -> tuple[int, bytes]:
+    """One request with its path exactly as given: HTTP clients resolve "." and ".." first."""
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: ApiKey {key}\r\n"
+                  "Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_dot_segments_never_reach_another_route(served):
+    """A write key checked for a document route must not be relayed to a collection route."""
+    with served.client() as c:
+        for name in ("dots", "victim"):
+            assert c.post("/v1/collections", json={"name": name, "shards": 1}).status_code == 201
+        key = c.post("/v1/keys", json={"name": "writer", "role": "write"}).json()["key"]
+        c.post("/v1/collections/dots/docs", json=[{"_id": "..", "v": 1}])
+        for method, path in [("DELETE", "/v1/collections/dots/docs/../../victim"),
+                             ("DELETE", "/v1/collections/dots/docs/./../../victim"),
+                             ("PATCH", "/v1/collections/dots/docs/.."),
+                             ("DELETE", "/v1/collections/dots/docs/x/../../../victim/docs/a")]:
+            status, body = raw_request(served.url, method, path, key)
+            assert status == 400 and b"'.' or '..'" in body, (method, path, status, body)
+        # percent-encoded dots are an ordinary _id, in the collection the path names
+        status, body = raw_request(served.url, "DELETE", "/v1/collections/dots/docs/%2E%2E", key)
+        assert status == 200 and b'"_id":".."' in body, body
+        status, body = raw_request(served.url, "DELETE", "/v1/collections/dots/docs/%2e%2e/%2e%2e/victim", key)
+        assert status == 404 and b"collection 'dots'" in body, body
+        w = c.post("/v1/collections/victim/docs", json=[{"_id": "still", "v": 1}])  # 404 once dropped
+        assert w.status_code == 200 and w.json()["items"][0]["status"] == "ADDED", w.text
