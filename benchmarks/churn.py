@@ -2,6 +2,8 @@
 """Reclaimed storage under churn: rewrite a fixed working set and watch the disk.
 
     python benchmarks/churn.py [--quick] [--docs N] [--rounds R] [--shards S] [--batch B] [--no-fresh] [--dir DIR]
+    python benchmarks/churn.py --working-sets 1000,6000,100000 [--rounds R] [--idle SECONDS] [--shards S]
+                               [--seal-rows N]
 
 A fixed working set of N RockBench events (``rtindex.datagen``, ids ``ev-0`` ..
 ``ev-{N-1}``) is loaded into a fresh database (``--shards`` shards, default options) and
@@ -45,6 +47,18 @@ Targets, with a PASS/FAIL line for each on stderr:
 * churn throughput within 20% of a clean load: ``churn_vs_load >= 0.8`` and
   ``churn_vs_fresh >= 0.8``.
 
+``--working-sets N1,N2,...`` measures instead how disk comes back once writes stop, for each
+working set size in turn (a fresh database each, default options, so ``seal_rows`` 25,000
+unless ``--seal-rows`` and ``reader_grace_seconds`` 30 s): load and ``flush()`` (the clean
+load), R rewrites with no flush after them, then the database left idle for ``--idle``
+seconds (default 60, the disk sampled every second), closed and opened again. Per size:
+``disk_mb_after_load``, ``disk_mb_peak`` (the largest after a rewrite),
+``disk_mb_after_churn`` (after the last rewrite), ``disk_mb_after_idle``,
+``disk_mb_after_reopen`` (opened again, nothing written) and each one's ratio to the load,
+``reclaimed_s`` (idle seconds until the disk was within 2x of the load for good; None if
+never), the load and churn rates (the churn: ingest calls only) and the split of the bytes
+after idle and after reopen. Target: within 2x after idle and after reopen, for every size.
+
 If ``rtindex.open`` accepts ``reader_grace_seconds`` (a delay before dropped segments' files
 are deleted, for readers that may still use them), it is passed as 0, since no reader
 follows this database; otherwise the database is opened with defaults only.
@@ -86,10 +100,14 @@ TARGET_CHURN_VS_LOAD = 0.8
 
 def disk_usage(path: str) -> dict[str, int]:
     """Bytes of every file under ``path`` (``bytes``), split into ``*.sst`` files
-    (``sst_bytes``, count in ``sst``), RocksDB WALs (``*.log``: ``wal_bytes``) and the rest
-    (MANIFEST, OPTIONS, info LOGs, rtindex's own files: ``other_bytes``)."""
-    u = {"bytes": 0, "sst": 0, "sst_bytes": 0, "wal_bytes": 0, "other_bytes": 0}
+    (``sst_bytes``, count in ``sst``), RocksDB WALs (``*.log``: ``wal_bytes``), segment
+    files (``segments/``: ``segment_bytes``), mutable segment files (``tails/``:
+    ``tail_bytes``) and the rest (MANIFEST, OPTIONS, info LOGs, rtindex's small files:
+    ``other_bytes``)."""
+    u = {"bytes": 0, "sst": 0, "sst_bytes": 0, "wal_bytes": 0, "segment_bytes": 0, "tail_bytes": 0,
+         "other_bytes": 0}
     for root, _dirs, files in os.walk(path):
+        folder = os.path.basename(root)
         for f in files:
             try:
                 size = os.path.getsize(os.path.join(root, f))
@@ -101,6 +119,10 @@ def disk_usage(path: str) -> dict[str, int]:
                 u["sst_bytes"] += size
             elif f.endswith(".log"):
                 u["wal_bytes"] += size
+            elif folder == "segments":
+                u["segment_bytes"] += size
+            elif folder == "tails":
+                u["tail_bytes"] += size
             else:
                 u["other_bytes"] += size
     return u
@@ -108,11 +130,13 @@ def disk_usage(path: str) -> dict[str, int]:
 
 def breakdown(u: dict[str, int]) -> str:
     return (f"{u['bytes'] / MB:,.1f} MB (sst {u['sst_bytes'] / MB:,.1f} MB in {u['sst']} files, "
-            f"wal {u['wal_bytes'] / MB:,.1f} MB, other {u['other_bytes'] / MB:,.1f} MB)")
+            f"wal {u['wal_bytes'] / MB:,.1f} MB, segments {u['segment_bytes'] / MB:,.1f} MB, "
+            f"tails {u['tail_bytes'] / MB:,.1f} MB, other {u['other_bytes'] / MB:,.1f} MB)")
 
 
 def breakdown_mb(u: dict[str, int]) -> dict[str, float]:
-    return {"sst_mb": u["sst_bytes"] / MB, "wal_mb": u["wal_bytes"] / MB, "other_mb": u["other_bytes"] / MB}
+    return {"sst_mb": u["sst_bytes"] / MB, "wal_mb": u["wal_bytes"] / MB, "segments_mb": u["segment_bytes"] / MB,
+            "tails_mb": u["tail_bytes"] / MB, "other_mb": u["other_bytes"] / MB}
 
 
 def open_db(path: str) -> tuple[Any, bool]:
@@ -216,6 +240,102 @@ def fresh_run(path: str, sets: list[list[dict]], args: argparse.Namespace) -> di
             "fresh_documents": documents}
 
 
+def working_set_run(path: str, sets: list[list[dict]], args: argparse.Namespace) -> dict[str, Any]:
+    """Load version 0 and flush (the clean load), rewrite the same ids ``args.rounds`` times
+    without a flush, leave the database idle for ``args.idle`` seconds, close it and open it
+    again; the disk after each step."""
+    n, variants = len(sets[0]), len(sets)
+    opts = {"seal_rows": args.seal_rows} if args.seal_rows else {}
+    db = rtindex.open(path, **opts)
+    try:
+        coll = db.create_collection("events", shards=args.shards)
+        t0 = time.perf_counter()
+        coll.ingest(sets[0], batch_size=args.batch)
+        coll.flush()
+        load_s = time.perf_counter() - t0
+        load = disk_usage(path)
+        peak = load["bytes"]
+        churn_s = 0.0
+        for r in range(1, args.rounds + 1):
+            t0 = time.perf_counter()
+            coll.ingest(sets[r % variants], batch_size=args.batch)
+            churn_s += time.perf_counter() - t0
+            peak = max(peak, disk_usage(path)["bytes"])
+        churned = disk_usage(path)
+        log(f"{n:,} documents: load {breakdown(load)}; after {args.rounds} rewrites {breakdown(churned)}")
+        started = time.monotonic()
+        samples: list[tuple[float, int]] = []
+        while True:
+            idle = disk_usage(path)
+            waited = time.monotonic() - started
+            samples.append((waited, idle["bytes"]))
+            if waited >= args.idle:
+                break
+            time.sleep(min(1.0, args.idle - waited))
+        over = [t for t, b in samples if b > TARGET_DISK_RATIO * load["bytes"]]
+        later = [t for t, _ in samples if not over or t > over[-1]]
+        reclaimed_s = later[0] if later else None
+        documents = len(coll)
+    finally:
+        db.close()
+    log(f"  idle {args.idle:.0f} s: {breakdown(idle)}; within 2x "
+        + ("never" if reclaimed_s is None else f"after {reclaimed_s:.0f} s"))
+    db = rtindex.open(path, **opts)
+    try:
+        reopened = disk_usage(path)
+        documents_reopened = len(db["events"])
+    finally:
+        db.close()
+    log(f"  reopened: {breakdown(reopened)}")
+
+    def ratio(u: dict[str, int]) -> float:
+        return u["bytes"] / load["bytes"]
+
+    return {"docs": n, "disk_mb_after_load": load["bytes"] / MB, "disk_mb_peak": peak / MB,
+            "disk_mb_after_churn": churned["bytes"] / MB, "disk_mb_after_idle": idle["bytes"] / MB,
+            "disk_mb_after_reopen": reopened["bytes"] / MB, "ratio_peak": peak / load["bytes"],
+            "ratio_after_churn": ratio(churned), "ratio_after_idle": ratio(idle),
+            "ratio_after_reopen": ratio(reopened), "reclaimed_s": reclaimed_s,
+            "load_docs_per_s": n / load_s, "churn_docs_per_s": args.rounds * n / churn_s,
+            "after_idle": breakdown_mb(idle), "after_reopen": breakdown_mb(reopened), "documents": documents,
+            "documents_after_reopen": documents_reopened}
+
+
+def working_sets_main(args: argparse.Namespace, sizes: list[int], variants: int, t_start: float) -> int:
+    """``--working-sets``: one working_set_run per size, then the PASS/FAIL lines and one JSON line."""
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
+    runs = []
+    for n in sizes:
+        with generating_input():
+            sets = [list(datagen.rockbench_events(n, seed=args.seed + 1000 * v, start_id=0,
+                                                  event_time_us=EVENT_TIME_BASE_US + v * 10**9))
+                    for v in range(variants)]
+        work = tempfile.mkdtemp(prefix="rtindex-churn-", dir=args.dir)
+        try:
+            runs.append(working_set_run(os.path.join(work, "db"), sets, args))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        del sets
+    ok = True
+    for w in runs:
+        for name, key in (("after idle", "ratio_after_idle"), ("after reopen", "ratio_after_reopen")):
+            passed = w[key] <= TARGET_DISK_RATIO
+            ok &= passed
+            log(f"{'PASS' if passed else 'FAIL'}: {w['docs']:,} documents, disk {name} <= 2x after load: "
+                f"{w[key]:.2f}x")
+        passed = w["documents"] == w["documents_after_reopen"] == w["docs"]
+        ok &= passed
+        log(f"{'PASS' if passed else 'FAIL'}: {w['docs']:,} documents, working set intact: {w['documents']:,}, "
+            f"{w['documents_after_reopen']:,} after reopen")
+    print(json.dumps(rnd({"working_sets": runs, "rounds": args.rounds, "variants": variants,
+                          "shards": args.shards, "batch": args.batch, "idle_seconds": args.idle,
+                          "seal_rows": args.seal_rows,
+                          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                          "total_seconds": time.perf_counter() - t_start, "pass": ok})))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="20,000 documents x 20 rounds (about 1 minute)")
@@ -230,12 +350,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="parent of the temporary working directory (default /tmp)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
+    ap.add_argument("--working-sets", default=None,
+                    help="comma-separated working set sizes: measure disk after idle and reopen for each")
+    ap.add_argument("--idle", type=float, default=60.0,
+                    help="with --working-sets: seconds the database is left idle after the churn (default 60)")
+    ap.add_argument("--seal-rows", type=int, default=None,
+                    help="with --working-sets: rtindex.open's seal_rows (default: rtindex's default)")
     args = ap.parse_args(argv)
     n = args.docs if args.docs is not None else (20_000 if args.quick else 100_000)
     rounds = args.rounds
     if n < 1 or rounds < 1:
         ap.error("--docs and --rounds must be positive")
     variants = max(2, min(args.variants, rounds + 1))
+    if args.working_sets:
+        sizes = [int(x.replace("_", "")) for x in args.working_sets.split(",") if x.strip()]
+        if not sizes or min(sizes) < 1 or args.idle < 0:
+            ap.error("--working-sets takes positive sizes, --idle a number of seconds")
+        log(f"churn benchmark, working sets {sizes}: {rounds} rewrites, {variants} versions, "
+            f"shards={args.shards}, batch={args.batch}, idle {args.idle:.0f} s")
+        return working_sets_main(args, sizes, variants, time.perf_counter())
 
     if args.dir:
         os.makedirs(args.dir, exist_ok=True)

@@ -1,6 +1,10 @@
 """A shard's background work: sealing in-memory segments, merging sealed ones, and the
 clean-up ("garbage") of what a merge dropped.
 
+A shard left idle (not written for ``IDLE_SECONDS``) is tidied up: its mutable segment
+sealed and RocksDB's dead space given back, so that disk is bounded by the working set
+however small it is next to ``seal_rows`` (docs/architecture.md, "What bounds disk").
+
 None of it is on the write path, and none of it may wedge a shard: work that fails (a full
 disk, an I/O error) leaves no trace (a half-written segment file is removed; the segment
 exists only once its descriptor is written, last) and is tried again with backoff, while
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
@@ -22,7 +27,7 @@ from pyroaring import BitMap, FrozenBitMap
 from rtindex import columns, keys, segfile
 from rtindex._impl import merge_blocks
 from rtindex.background import Worker
-from rtindex.errors import StorageError
+from rtindex.errors import ClosedError, StorageError
 from rtindex.keys import u64
 from rtindex.memtrim import release_free_memory
 from rtindex.segments import MemSegment, Segment, ShardConfig, ShardState, View, keep_mask
@@ -36,6 +41,9 @@ log = logging.getLogger("rtindex")
 RETRY_FIRST = 0.05  # seconds before the first retry of failed background work
 RETRY_MAX = 5.0
 COMPACT_MOVED_SEALS = 4  # seals whose rows left the row store before its range is compacted
+IDLE_SECONDS = 5.0  # a shard not written for this long is idle: sealed and tidied up
+TIDY_GROWTH = 1.25  # at idle, a column family is compacted once its SST files grew this much since
+TIDY_MIN_BYTES = 64 << 10  # ... its last compaction there, and by more than this
 
 
 class _ShardWriter(Protocol):
@@ -49,6 +57,7 @@ class _ShardWriter(Protocol):
     row_store_end: int  # rows below it may be in the row store (written there by an older version)
     _rows: RowStoreCache
     _row_cache_id: int
+    _log_seq: int  # the change log's newest record
 
     @property
     def write_lock(self) -> threading.RLock: ...
@@ -64,6 +73,8 @@ class _ShardWriter(Protocol):
     def new_segid(self) -> int: ...
 
     def next_generation(self) -> int: ...
+
+    def seal_now(self) -> None: ...
 
     def replace_views(self, old: list, build: Callable[[list[View]], View]) -> None: ...
 
@@ -89,6 +100,11 @@ class Maintenance:
         self._compacted_to = 0  # row ids below it: the row store's range of moved rows was compacted
         self._moved_to = 0  # row ids below it left the row store for segment files
         self._compacting = False
+        self._idle_due = False  # an idle check is queued on the merger thread
+        self._written_at = time.monotonic()  # the last write of documents (or the open)
+        self._tidied_at: float | None = None  # the store's last write as of the last tidy-up
+        self._sst_after: dict[str, int] = {}  # column family -> its SST bytes after its last compaction at idle
+        self._log_trimmed = 0  # change log records before this one were dropped at idle
 
     # ------------------------------------------------------------------ failures
     def _begin(self) -> int:
@@ -376,6 +392,86 @@ class Maintenance:
             weakref.finalize(v.seg, self._merger.submit,
                              _Garbage(self, v.seg.segid, dropped, in_row_store=not v.seg.file.has_rows))
 
+    # ------------------------------------------------------------------ idle
+    def written(self) -> None:
+        """Documents were written (or the shard opened): look at it once it has not been
+        written for ``IDLE_SECONDS``. The caller holds the write lock (or nothing else runs
+        yet), which guards what the idle check reads."""
+        self._written_at = time.monotonic()
+        if not self._idle_due:
+            self._check_when_idle()
+
+    def _check_when_idle(self) -> None:
+        """Queue an idle check unless one is queued."""
+        with self._cv:
+            if self._idle_due:
+                return
+            self._idle_due = True
+        self._merger.submit(self._when_idle, IDLE_SECONDS)
+
+    def _when_idle(self) -> None:
+        """Seal the mutable segment of an idle shard if it holds rows: with a working set
+        small next to ``seal_rows`` it holds several versions of each document, each at
+        several times a sealed row's size, and seals and merges are what drop replaced
+        versions. Once nothing is under way, tidy up RocksDB. Looked at again later while
+        the shard is written, busy, or was just sealed."""
+        shard = self.shard
+        with self._cv:
+            if shard.closed:
+                return
+            quiet = time.monotonic() - self._written_at
+            busy = self._merging or self._compacting or shard._pending_seals(shard.state) > 0
+            if quiet >= IDLE_SECONDS and not busy and shard.state.views[-1].limit:
+                try:
+                    shard.seal_now()
+                except StorageError as e:  # (a later write or open tries again)
+                    self._idle_due = False
+                    log.warning("rtindex shard %s: sealing the idle mutable segment failed: %s", shard.path, e)
+                    return
+                busy = True
+            if quiet < IDLE_SECONDS or busy:
+                self._merger.submit(self._when_idle, IDLE_SECONDS if busy else IDLE_SECONDS - quiet)
+                return
+            if shard.store.last_write == self._tidied_at:  # nothing stored since the last tidy-up
+                self._idle_due = False
+                return
+            written, log_seq = self._written_at, shard._log_seq
+        self._tidy_up(log_seq)
+        with self._cv:
+            if self._written_at != written and not shard.closed:  # written meanwhile: again later
+                self._merger.submit(self._when_idle, IDLE_SECONDS)
+            else:
+                self._tidied_at = shard.store.last_write
+                self._idle_due = False
+
+    def _tidy_up(self, log_seq: int) -> None:
+        """Give back what RocksDB holds for nothing. The change log records before the
+        newest (``log_seq``) go: readers in other processes follow within milliseconds, so
+        an idle shard's have read them (one that has not reloads its delete sets, as after
+        a writer's own trim). The memtables are flushed, so that the WAL files go (the
+        ``ids`` and ``meta`` column families fill a memtable slowly, and an unflushed one
+        keeps every WAL file since its oldest entry). The ``ids`` and ``meta`` column families
+        are compacted once their SST files grew by ``TIDY_GROWTH`` since their last
+        compaction here (replaced ``_id`` entries and the tombstones of delete records sit
+        in files that no compaction of an idle shard would take); growth-based, so that a
+        trickle of writes does not rewrite a large column family at every pause."""
+        store = self.shard.store
+        try:
+            if log_seq > self._log_trimmed:
+                wb = store.batch()
+                wb.delete_range("meta", keys.meta_log(0), keys.meta_log(log_seq))
+                store.write(wb)
+                self._log_trimmed = log_seq
+            store.flush_memtables()
+            for cf in ("ids", "meta"):  # (rows only an older version wrote: seals compact them as they move)
+                size = store.sst_bytes(cf)
+                if size > self._sst_after.get(cf, 0) * TIDY_GROWTH + TIDY_MIN_BYTES:
+                    store.compact(cf)
+                    self._sst_after[cf] = store.sst_bytes(cf)
+        except (StorageError, ClosedError) as e:  # (the space comes back at a later tidy-up)
+            if not self.shard.closed:
+                log.warning("rtindex shard %s: tidying up storage failed: %s", self.shard.path, e)
+
 
 class _Garbage:
     """The clean-up of a merged-away segment, once no state of this process can reach it.
@@ -416,6 +512,7 @@ class _Garbage:
                 wb.delete("meta", keys.meta_deleted(rid))
             if wb.n:
                 shard.store.write(wb)
+                m._check_when_idle()  # (their tombstones go at the tidy-up)
         except Exception as e:
             if not shard.closed:
                 m._retry(f"removing dropped segment {self.segid}", e, self, m._merger, attempt)

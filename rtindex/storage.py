@@ -27,7 +27,9 @@ from typing import Iterator
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
+    BottommostLevelCompaction,
     Cache,
+    CompactOptions,
     DBCompressionType,
     Options,
     Rdict,
@@ -196,6 +198,7 @@ class Store:
         self._wo.no_slowdown = True  # stalls come back as errors: we retry them with a deadline
         self._closed = False
         self._lock = threading.Lock()
+        self._compaction = threading.Lock()  # held by a compaction: close() waits for it
         self.last_write = time.monotonic()
         self.group = os.path.dirname(os.path.abspath(path))  # the collection, for WriteBuffers
         self._buffers = write_buffers
@@ -361,18 +364,31 @@ class Store:
             except Exception as e:
                 raise StorageError(f"flush failed at {self.path}: {e}") from e
 
-    def compact(self, cf: str, lo: bytes, hi: bytes) -> None:
-        """Compact the keys ``lo`` .. ``hi`` of ``cf`` now: the space of a deleted range comes
-        back at once instead of at RocksDB's next compaction of those files (which an idle
-        collection may never run). RocksDB does the work without the GIL."""
+    def sst_bytes(self, cf: str) -> int:
+        """Bytes of the SST files of ``cf``."""
         self._check()
         try:
-            self._cf[cf].compact_range(lo, hi)
+            return self._cf[cf].property_int_value("rocksdb.total-sst-files-size") or 0
         except Exception as e:
-            raise StorageError(f"compaction failed at {self.path}: {e}") from e
+            raise StorageError(f"read failed at {self.path}: {e}") from e
+
+    def compact(self, cf: str, lo: bytes | None = None, hi: bytes | None = None) -> None:
+        """Compact the keys ``lo`` .. ``hi`` of ``cf`` now (None: from the first, to the
+        last): the space of deleted and replaced keys comes back at once instead of at
+        RocksDB's next compaction of those files (which an idle collection may never run).
+        The last level is rewritten too: a file moved down to it whole keeps its tombstones.
+        RocksDB does the work without the GIL; close() waits for it."""
+        opts = CompactOptions()
+        opts.set_bottommost_level_compaction(BottommostLevelCompaction.force_optimized())
+        with self._compaction:
+            self._check()
+            try:
+                self._cf[cf].compact_range(lo, hi, opts)
+            except Exception as e:
+                raise StorageError(f"compaction failed at {self.path}: {e}") from e
 
     def close(self) -> None:
-        with self._lock:
+        with self._compaction, self._lock:
             if self._closed:
                 return
             self._closed = True

@@ -74,6 +74,7 @@ class ShardWriter(Shard):
             self.store.close()
             raise
         self._signal_change(structural=True)
+        self.maintenance.written()  # (what recovery left unsealed is sealed if no write comes)
 
     def _clear_tails(self) -> None:
         """Remove the mutable segment files this writer does not use: an earlier writer's,
@@ -458,6 +459,7 @@ class ShardWriter(Shard):
                 log.warning("rtindex shard %s: %s", self.path, e)
                 rotate = False
         self._signal_change(structural=bool(dels) or rotate)
+        self.maintenance.written()
 
     def _signal_change(self, structural: bool) -> None:
         """Publish the shard's state to reader processes (caller holds the write lock);

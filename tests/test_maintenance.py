@@ -13,7 +13,7 @@ import time
 import orjson
 
 import rtindex
-from rtindex import keys
+from rtindex import datagen, keys, maintenance
 from rtindex._impl import tail_rows
 from rtindex.keys import from_u64, u64
 from rtindex.shard import TAILS_DIR, tail_path
@@ -152,6 +152,61 @@ def test_a_wait_is_not_failed_by_an_attempt_that_began_before_it(tmp_path, monke
     assert not waiter.is_alive() and outcome == [None]
     assert len(_sealed(c._shards[0])) == 1 and c.get(3)["_id"] == 3
     db.close()
+
+
+def _disk_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:  # removed by the background meanwhile
+                pass
+    return total
+
+
+def _within(path: str, limit: int, seconds: float) -> int:
+    """The disk bytes under ``path`` once at most ``limit``, or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (used := _disk_bytes(path)) > limit and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return used
+
+
+def test_an_idle_shard_gives_back_the_space_of_replaced_versions(tmp_path, monkeypatch):
+    """A working set small next to seal_rows, rewritten again and again, takes several times
+    the disk of its clean load (replaced versions in the mutable segments, WAL files,
+    change log records, tombstones). Once writes stop, the idle shards give it back to
+    within 2x of the clean load, and so do shards closed before they went idle, once
+    reopened; a reopen brings none of it back."""
+    monkeypatch.setattr(maintenance, "IDLE_SECONDS", 1.0)
+    path = str(tmp_path / "db")
+    versions = [list(datagen.rockbench_events(6000, seed=v, event_time_us=T)) for v in range(2)]
+    opts = {"seal_rows": 1500, "reader_grace_seconds": 0}
+    with rtindex.open(path, **opts) as db:
+        c = db.create_collection("c", shards=2)
+        c.ingest(versions[0])
+        c.flush()
+        load = _disk_bytes(path)
+        for r in range(1, 5):
+            c.ingest(versions[r % 2])
+        assert _disk_bytes(path) > 2 * load
+        used = _within(path, 2 * load, 30)
+        assert used <= 2 * load, f"{used / load:.2f}x the clean load after idle"
+        assert all(s.state.views[-1].limit == 0 for s in c._shards)
+        for r in range(2):  # more rewrites, and a close before the shards go idle
+            c.ingest(versions[r % 2])
+        assert _disk_bytes(path) > 2 * load
+    with rtindex.open(path, **opts) as db:
+        used = _within(path, 2 * load, 30)
+        assert used <= 2 * load, f"{used / load:.2f}x the clean load after reopen and idle"
+        c = db["c"]
+        assert len(c) == 6000
+        assert [c.get(d["_id"]) for d in versions[1][::500]] == versions[1][::500]
+    with rtindex.open(path, **opts) as db:
+        used = _disk_bytes(path)
+        assert used <= 2 * load, f"{used / load:.2f}x the clean load after another reopen"
+        assert len(db["c"]) == 6000
 
 
 def _try(fn):

@@ -212,3 +212,24 @@ def test_a_secondary_sees_current_values_after_the_writer_deleted_the_wal_it_rea
     finally:
         r.close()
         w.close()
+
+
+def test_a_compaction_drops_the_tombstones_of_a_file_it_moves_down_whole(tmp_path):
+    """Delete records written and deleted before a flush leave a file of tombstones only;
+    RocksDB moves such a file to the last level whole, keeping them, unless the compaction
+    rewrites the last level too (what an idle shard's tidy-up relies on)."""
+    st = storage.Store(str(tmp_path / "s"), create=True)
+    try:
+        b = st.batch()
+        keys = [b"D" + i.to_bytes(8, "big") for i in range(20_000)]
+        for k in keys:
+            b.put("meta", k, b"")
+        for k in keys:
+            b.delete("meta", k)
+        st.write(b)
+        st.flush_memtables()
+        assert st.sst_bytes("meta") > 20_000
+        st.compact("meta")
+        assert st.sst_bytes("meta") == 0
+    finally:
+        st.close()
