@@ -52,7 +52,7 @@ from rtindex.storage import WriteBuffers, new_block_cache
 # each part at most 128 characters). The default workspace is no prefix: ``commons.coll``
 # is the collection ``coll`` (in SQL, and through Database.collection).
 _PART = r"[A-Za-z_][A-Za-z0-9_\-]{0,127}"
-_NAME = re.compile(rf"^{_PART}(?:\.{_PART})?$")
+_NAME = re.compile(rf"{_PART}(?:\.{_PART})?")  # whole names: fullmatch
 # and at most this long in all: the name is a directory name (255 bytes on common file
 # systems), and a reader names its RocksDB secondaries "<name>-shard-<n>"
 MAX_NAME = 240
@@ -204,7 +204,7 @@ def _is_legacy_database(path: str, entries: set[str]) -> bool:
         names = os.listdir(colls)
     except OSError as e:
         raise StorageError(f"cannot list {colls}: {e}") from e
-    return all(n == WAKE_FILE or (_NAME.match(n) and os.path.isdir(os.path.join(colls, n))) for n in names)
+    return all(n == WAKE_FILE or (_NAME.fullmatch(n) and os.path.isdir(os.path.join(colls, n))) for n in names)
 
 
 def _canonical(name: Any) -> Any:
@@ -407,7 +407,7 @@ class Database:
         """create_collection, with ``extra`` keys stored in the manifest (the demo marks the
         collections it made with ``{"created_by": "rtindex demo"}``)."""
         self._check_writable()
-        if not isinstance(name, str) or not _NAME.match(name) or len(name) > MAX_NAME:
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > MAX_NAME:
             raise ValueError(f"invalid collection name {name!r}: use letters, digits, _ and -, starting with a "
                              "letter or _ (at most 128 characters), optionally after a workspace and a dot, "
                              f"named by the same rules (workspace.collection, at most {MAX_NAME} characters "
@@ -505,8 +505,9 @@ class Database:
     def try_point(self, sql: str, params: Any = None, *, max_rows: int = 64) -> Result | None:
         """The result of ``sql`` if it is a point query (``SELECT * ... WHERE field = value``
         or ``ARRAY_CONTAINS``) matching at most ``max_rows`` rows, else None (then use
-        :meth:`sql`). Its work is bounded by ``max_rows``: a server answers such queries on
-        its event loop instead of handing them to a thread."""
+        :meth:`sql`; also for a text it has not run before). Its work is bounded by
+        ``max_rows``: a server answers such queries on its event loop instead of handing
+        them to a thread."""
         self._check()
         return self._sql.try_point(sql, params, max_rows)
 

@@ -11,6 +11,7 @@ reach the network, load extensions, attach databases or change settings.
 from __future__ import annotations
 
 import atexit
+import json
 import threading
 import time
 import weakref
@@ -29,6 +30,12 @@ READ_BATCH_ROWS = 65_536  # rows per batch when a result is read in batches (Duc
 # seconds between interrupts of a query past its deadline: one that comes before DuckDB
 # starts the query is lost, so it is sent again until the query is out
 INTERRUPT_AGAIN = 0.01
+# DuckDB checks for an interrupt between batches of rows, never inside one function call: a
+# call that makes one huge value runs to its end. So the functions whose output size a
+# query's arguments choose make at most this much per value (see _GUARDS), and a query past
+# its time limit stops within a batch.
+MAX_LIST_ITEMS = 100_000  # range, generate_series, list_resize
+MAX_VALUE_BYTES = 1 << 20  # repeat, lpad, rpad
 
 # the user's SQL text, and internal name -> the user's words for it (Result errors name those)
 QueryContext = tuple[str, Callable[[str], str]]  # the user's SQL, and DuckDB's message told about it
@@ -59,6 +66,43 @@ _LOCKDOWN = (
 )
 
 
+# count of the items range(a, b, c) or generate_series(a, b, c) make, for numbers and for
+# times with an INTERVAL step alike (the casts through text bind for every type; NULL: no step)
+_ITEMS3 = ("(CASE WHEN typeof(c) = 'INTERVAL' THEN (epoch(TRY_CAST(CAST(b AS VARCHAR) AS TIMESTAMPTZ)) - "
+           "epoch(TRY_CAST(CAST(a AS VARCHAR) AS TIMESTAMPTZ))) / "
+           "nullif(epoch(TRY_CAST(CAST(c AS VARCHAR) AS INTERVAL)), 0) ELSE (TRY_CAST(CAST(b AS VARCHAR) AS DOUBLE) - TRY_CAST(CAST(a AS VARCHAR) AS DOUBLE)) / "
+           "nullif(TRY_CAST(CAST(c AS VARCHAR) AS DOUBLE), 0) END)")
+_ITEMS2 = "(TRY_CAST(CAST(b AS VARCHAR) AS DOUBLE) - TRY_CAST(CAST(a AS VARCHAR) AS DOUBLE))"
+_ITEMS1 = "TRY_CAST(CAST(a AS VARCHAR) AS DOUBLE)"
+
+
+def _guarded(name: str, forms: list[tuple[str, str, str]], unit: str, limit: int) -> str:
+    """A macro that shadows DuckDB's function ``name``: each form (its parameters, the one to
+    guard, the size it would make) calls the built-in (system.main) with the guarded
+    parameter replaced by an error when that size is over ``limit``. The guard is inside the
+    argument, not around the call: DuckDB folds a call of constants into its value while it
+    plans, before it would choose a branch of a CASE around it."""
+    message = (f"{name}() would make a value of more than {limit:,} {unit}, the most one call may make "
+               "(a function call cannot be interrupted: a larger one could outlast the time limit of the query)")
+    return f"CREATE MACRO {name}" + ", ".join(
+        f"({params}) AS system.main.{name}(" + ", ".join(
+            f"CASE WHEN {size} > {limit} THEN error('{message}') ELSE {p} END" if p == guarded else p
+            for p in params.split(", ")) + ")"
+        for params, guarded, size in forms)
+
+
+_RANGES = [("a", "a", _ITEMS1), ("a, b", "b", _ITEMS2), ("a, b, c", "c", _ITEMS3)]
+# macros in the engine's own schema, which a call by the bare name finds before the built-in
+_GUARDS = (
+    _guarded("range", _RANGES, "items", MAX_LIST_ITEMS),
+    _guarded("generate_series", _RANGES, "items", MAX_LIST_ITEMS),
+    _guarded("list_resize", [("l, n", "n", "n"), ("l, n, fill", "n", "n")], "items", MAX_LIST_ITEMS),
+    _guarded("array_resize", [("l, n", "n", "n"), ("l, n, fill", "n", "n")], "items", MAX_LIST_ITEMS),
+    _guarded("repeat", [("s, n", "n", "CAST(n AS DOUBLE) * strlen(CAST(s AS VARCHAR))")], "bytes", MAX_VALUE_BYTES),
+    _guarded("lpad", [("s, n, fill", "n", "n")], "bytes", MAX_VALUE_BYTES),
+    _guarded("rpad", [("s, n, fill", "n", "n")], "bytes", MAX_VALUE_BYTES),
+)
+
 _limit = threading.local()  # this thread's (deadline, timeout_ms), see time_limit()
 
 
@@ -72,6 +116,15 @@ def time_limit(timeout_ms: float | None) -> Iterator[None]:
         yield
     finally:
         _limit.at = before
+
+
+def check_time_limit() -> None:
+    """QueryTimeoutError if this thread's time_limit() has run out: what work outside DuckDB
+    (building a query's inputs) calls between its steps, as DuckDB checks for interrupts
+    between batches of rows."""
+    limit = getattr(_limit, "at", None)
+    if limit is not None and time.monotonic() >= limit[0]:
+        raise _timeout_error(limit[1])
 
 
 def _timeout_error(timeout_ms: float) -> QueryTimeoutError:
@@ -101,7 +154,7 @@ class DuckEngine:
         if memory_limit_bytes is not None:
             config["memory_limit"] = f"{memory_limit_bytes}B"
         self._con: duckdb.DuckDBPyConnection | None = duckdb.connect(":memory:", config=config)
-        for statement in _LOCKDOWN:
+        for statement in _GUARDS + _LOCKDOWN:
             self._con.execute(statement)
         # Guards _con, _running, _streams and _checked; close() waits on it for in-flight runs to stop.
         self._cond = threading.Condition()
@@ -334,4 +387,25 @@ def _one_select(cursor: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statement
         raise SqlError(f"expected exactly one SQL statement, got {len(statements)}", sql=sql)
     if statements[0].type != duckdb.StatementType.SELECT:
         raise SqlError(f"only SELECT can run, not {statements[0].type.name}", sql=sql)
+    if "system" in sql.lower() and _builtin_calls(cursor, sql):
+        raise SqlError("call functions by their name alone, not through the system catalog "
+                       "(system.main.<name>): that would get around their size limits", sql=sql)
     return statements[0]
+
+
+def _builtin_calls(cursor: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether ``sql`` names a function through the ``system`` catalog, which reaches the
+    built-in behind a macro of _GUARDS (DuckDB's own parse tree says; the text could hold
+    the word anywhere)."""
+    tree = json.loads(cursor.execute("SELECT json_serialize_sql($1)", [sql]).fetchall()[0][0])
+    nodes = [tree]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, dict):
+            if node.get("class") == "FUNCTION" and "system" in (str(node.get("catalog")).lower(),
+                                                                 str(node.get("schema")).lower()):
+                return True
+            nodes.extend(node.values())
+        elif isinstance(node, list):
+            nodes.extend(node)
+    return False

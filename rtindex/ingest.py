@@ -173,6 +173,13 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
             continue
         try:
             doc_id, id_key, d, raw = identify(doc, now, True, line)
+            if line is not None and raw is None:
+                # a text stored as its parse serializes (its _id or _event_time converted) is
+                # checked as text first: the parse lets a key twice, or an integer past 64 bits
+                # (as a float), pass, and the indexer never sees the text
+                bad = json_error(line, limits.max_depth)
+                if bad is not None:
+                    raise bad
             d, raw = serialize(d, raw, limits)
         except SchemaError as e:
             out.error(idx, doc.get("_id") if isinstance(doc, dict) else None, e)
@@ -202,9 +209,17 @@ def _identified(texts: list[bytes], now: int, limits: Limits) -> list:
     out = identify_texts(texts, now, limits.max_document_bytes, documents.EVENT_TIME_MIN_US,
                          documents.EVENT_TIME_MAX_US, documents.new_ids)
     for i, got in enumerate(out):
-        if type(got) is tuple and len(got) == 2:
-            out[i] = _too_large(got[0], got[1], limits)
+        if type(got) is tuple:
+            if len(got) == 2:
+                out[i] = _too_large(got[0], got[1], limits)
+            elif len(got[1]) > _MAX_ID_KEY:  # the scan takes a str _id by its length, not its key's
+                out[i] = _Refused(got[0], SchemaError(f"_id is longer than {documents.MAX_ID_BYTES} bytes", "$._id"))
     return out
+
+
+# the longest id key documents.encode_id makes: its type tag, then at most MAX_ID_BYTES
+# (a string's escaped bytes and terminator)
+_MAX_ID_KEY = 1 + documents.MAX_ID_BYTES
 
 
 def _parsed(raw: bytes, limits: Limits):

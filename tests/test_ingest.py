@@ -110,6 +110,49 @@ def test_text_that_is_not_a_document_is_its_items_error(db, text, message, path)
     assert message in st.errors[0].message and st.errors[0].path == path
 
 
+@pytest.mark.parametrize("text, message, path", [
+    (b'{"a": 1, "a": 2, "_event_time": "2024-01-01T00:00:00Z"}', "duplicate key in an object", "$.a"),
+    (b'{"x": -9223372036854775809, "_event_time": "2024-01-01T00:00:00Z"}', "signed 64-bit range", "$.x"),
+    (b'{"o": {"x": 18446744073709551616}, "_event_time": "2024-01-01"}', "signed 64-bit range", "$.o.x"),
+])
+def test_a_text_stored_as_its_parse_is_refused_as_the_text_would_be(db, text, message, path):
+    """An ``_event_time`` given as ISO-8601 text is converted, so the document is stored as
+    its parse serializes; what that parse lets pass (a key twice, an integer past 64 bits
+    read as a float) is refused as the text itself is, never stored changed."""
+    c = db.create_collection("c")
+    for docs in ([text, b'{"_id": 1}'], text + b'\n{"_id": 1}\n'):
+        st = c.ingest(docs, errors="report")
+        assert st.n == 1 and [(e.index, e.path) for e in st.errors] == [(0, path)]
+        assert message in st.errors[0].message
+    assert len(c) == 1
+    c.ingest([b'{"_id": "t", "o": {"k": [1, 2]}, "_event_time": "2024-01-01T00:00:00Z"}'])
+    assert c.get("t") == {"_id": "t", "o": {"k": [1, 2]}, "_event_time": 1_704_067_200_000_000}
+
+
+@pytest.mark.parametrize("length", [documents.MAX_ID_BYTES - 3, documents.MAX_ID_BYTES - 2,
+                                    documents.MAX_ID_BYTES - 1, documents.MAX_ID_BYTES])
+def test_a_long_string_id_is_taken_or_refused_alike_as_text_and_as_a_dict(db, length):
+    """The scan of a text takes a string ``_id`` by its own length; its key (escaped, and
+    terminated) is what encode_id bounds: text and dicts agree, and a stored document can
+    be read by its ``_id`` (one the text path let past the bound could not)."""
+    c = db.create_collection("c")
+    doc_id = "i" * length
+    try:
+        documents.encode_id(doc_id)
+        fits = True
+    except rtindex.SchemaError:
+        fits = False
+    as_dict = c.ingest([{"_id": doc_id, "k": 1}], errors="report")
+    as_text = c.ingest([b'{"_id": "%s", "k": 2}' % doc_id.encode(), b'{"_id": 3}'], errors="report")
+    as_lines = c.ingest(b'{"_id": "%s", "k": 3}\n' % doc_id.encode(), errors="report")
+    for st in (as_dict, as_text, as_lines):
+        assert [e.message for e in st.errors] == ([] if fits else [f"_id is longer than {documents.MAX_ID_BYTES} bytes"])
+        assert all(e.index == 0 and e.path == "$._id" for e in st.errors)
+    assert as_text.n == 1 + fits
+    if fits:
+        assert c.get(doc_id)["k"] == 3
+
+
 def test_a_long_text_is_refused_by_its_length(tmp_path):
     with rtindex.open(tmp_path / "db", max_document_bytes=100) as db:
         c = db.create_collection("c")

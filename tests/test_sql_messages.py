@@ -10,6 +10,7 @@ a "warnings" key in the service's reply) saying so. Real RocksDB, DuckDB and ser
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import re
 
 import orjson
@@ -22,7 +23,7 @@ import rtindex
 from rtindex.errors import SqlError, UnsupportedSqlError
 from rtindex.sql import messages
 from rtindex.sql.syntax import MAX_DEPTH, MAX_NESTING
-from tests.serving import Served
+from tests.serving import module_service
 
 INTERNAL = re.compile(r'\b(f\d+|c\d+|__pos|frame|GROUP_CONCAT|NULLSAFENEQ|BRACKET|COLUMN)\b')
 
@@ -173,6 +174,71 @@ def test_nesting_past_the_limits_is_refused_naming_them(db, t, sql, says):
         db.sql(sql)
 
 
+# what sqlglot's parser recurses into besides parentheses, each nested n deep: "{}" is where
+# the next level goes (prefix operators, CASE, arrays, structs, subscripts, nested types)
+RECURSIVE = {
+    "NOT": ("SELECT k FROM t WHERE {}", "NOT {}", "k = 1"),
+    "minus": ("SELECT {} AS v FROM t", "- {}", "k"),
+    "CASE": ("SELECT {} AS v FROM t", "CASE WHEN k > 0 THEN {} ELSE 0 END", "k"),
+    "array": ("SELECT {} AS v FROM t", "[{}]", "k"),
+    "struct": ("SELECT {} AS v FROM t", "{{'a': {}}}", "k"),
+    "subscript": ("SELECT {} AS v FROM t", "{}[1]", "s"),  # a string's first character, again and again
+    "STRUCT type": ("SELECT CAST(NULL AS {}) AS v FROM t", "STRUCT<a {}>", "INT"),
+    "NOT (": ("SELECT k FROM t WHERE {}", "NOT ({})", "k = 1"),
+}
+
+
+def _nested(kind: str, n: int) -> str:
+    query, level, inner = RECURSIVE[kind]
+    for _ in range(n):
+        inner = level.format(inner)
+    return query.format(inner)
+
+
+@pytest.mark.parametrize("kind", RECURSIVE)
+@pytest.mark.parametrize("n", [MAX_NESTING + 1, 5_000])
+def test_every_construct_the_parser_recurses_into_counts_toward_the_limit(db, t, kind, n):
+    """Nested past MAX_NESTING, each is refused naming the limit (never a RecursionError: a
+    500 from the service), at once (a long chain of subscripts is slow for sqlglot to parse)."""
+    with pytest.raises(SqlError, match=f"more than {MAX_NESTING} deep") as e:
+        db.sql(_nested(kind, n))
+    assert e.value.position is not None
+
+
+def test_a_construct_nested_up_to_the_limit_runs(db, t):
+    """The deepest nesting the check lets through, of each kind (a NOT before a parenthesis
+    weighs on it: both recurse), runs in a worker thread as in the service."""
+    deepest = {kind: MAX_NESTING for kind in RECURSIVE}
+    deepest.update({"STRUCT type": MAX_NESTING - 1, "NOT (": MAX_NESTING // 2})
+    with cf.ThreadPoolExecutor(1) as pool:
+        for kind, n in deepest.items():
+            pool.submit(lambda: db.sql(_nested(kind, n)).rows()).result()
+            with pytest.raises(SqlError, match=f"more than {MAX_NESTING} deep"):
+                db.sql(_nested(kind, n + 1))
+
+
+@pytest.mark.parametrize("sql, value", [("SELECT 0 .x AS v FROM t", "0"), ("SELECT 0 .json .json é", "0"),
+                                        ("SELECT k FROM t WHERE 1.5 .x = 2", "1.5"), ("SELECT 'a' .x", "'a'"),
+                                        ("SELECT -1 .x", "1"), ("SELECT TRUE .x AS v FROM t", "TRUE")])
+def test_a_field_of_a_literal_is_refused(db, t, sql, value):
+    """``0 .x`` asks for a field of a number: refused naming it (its text for DuckDB,
+    ``0.x``, would read as the number 0. named x, or not read back at all)."""
+    with pytest.raises(UnsupportedSqlError, match=re.escape(f"a field of the value {value}")) as e:
+        db.sql(sql)
+    assert e.value.position is not None
+    assert db.sql("SELECT {'a': 1}.a AS v").rows() == [{"v": 1}]  # a struct has fields
+
+
+def test_a_query_too_deep_for_the_parser_is_refused(db, t, monkeypatch):
+    """Nesting that check_nesting does not count and the parser cannot take: a SqlError (a
+    400 from the service), not the RecursionError (a 500)."""
+    def too_deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+    monkeypatch.setattr(sqlglot, "parse", too_deep)
+    with pytest.raises(SqlError, match="nests too deep to be read"):
+        db.sql("SELECT k FROM t WHERE k = 31337")
+
+
 def test_nesting_up_to_the_limits_runs_on_every_path(db, t):
     """Every code path that recurses (parser, planner, small-query compiler, DuckDB text)
     takes the deepest query the limits let through."""
@@ -188,9 +254,7 @@ def test_nesting_up_to_the_limits_runs_on_every_path(db, t):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = Served(str(tmp_path_factory.mktemp("srv") / "db"))
-    yield s
-    assert s.stop() == 0, "".join(s.output)
+    yield from module_service(tmp_path_factory.mktemp("srv"))
 
 
 def test_the_service_replies_with_the_warnings(served):

@@ -45,12 +45,23 @@ def test_try_point_answers_only_point_queries(tmp_path):
     with rtindex.open(tmp_path / "db") as db:
         c = db.create_collection("c", shards=2)
         c.ingest([{"_id": i, "k": i % 3, "tags": ["x"] if i < 2 else []} for i in range(30)])
+        texts = ["SELECT * FROM c WHERE k = 1", "SELECT * FROM c WHERE ARRAY_CONTAINS(tags, 'x')",
+                 "SELECT * FROM c WHERE k = 1 LIMIT 9", "SELECT k FROM c WHERE k = 1", "SELECT COUNT(*) AS n FROM c",
+                 "SELECT * FROM nope WHERE k = 1"]
+        for text in texts:  # a text not run before is not parsed here: no row count bounds that work
+            assert db.try_point(text) is None
+        for text in texts[:-1]:
+            db.sql(text)
+        with pytest.raises(SqlError, match="no collection 'nope'"):
+            db.sql(texts[-1])
         assert db.try_point("SELECT * FROM c WHERE k = 1", max_rows=64).rows() == db.sql("SELECT * FROM c WHERE k = 1").rows()
         assert len(db.try_point("SELECT * FROM c WHERE ARRAY_CONTAINS(tags, 'x')")) == 2
         assert db.try_point("SELECT * FROM c WHERE k = 1", max_rows=9) is None  # 10 rows
         assert db.try_point("SELECT * FROM c WHERE k = 1 LIMIT 9", max_rows=9) is not None
         assert db.try_point("SELECT k FROM c WHERE k = 1") is None  # not a point query
         assert db.try_point("SELECT COUNT(*) AS n FROM c") is None
+        with pytest.raises(SqlError):
+            db.sql("SELECT * FROM c WHERE k = :v")
         with pytest.raises(SqlError):
             db.try_point("SELECT * FROM c WHERE k = :v")  # its parameter missing
         with pytest.raises(SqlError, match="no collection 'nope'"):  # as sql() says it

@@ -164,3 +164,12 @@ def test_comparisons_that_duckdb_would_refuse_are_unknown(db, access, sql, expec
     name = collection(db, [{"k": 16, "b": False}])
     rows = db.sql(sql.format(t=name), access=access).rows()
     assert (rows if rows and "n" in rows[0] else [{"_id": r["_id"]} for r in rows]) == expected
+
+
+def test_a_text_made_for_duckdb_that_does_not_read_back_is_a_sql_error():
+    """A construct carried over to DuckDB's text wrongly (the text does not parse) is the
+    SqlError that says so, not sqlglot's ParseError (a 500 from the service)."""
+    from rtindex.sql import typed
+
+    with pytest.raises(rtindex.SqlError, match="not carried over to DuckDB correctly"):
+        typed.compared('SELECT 0.x AS "y" FROM "frame"')

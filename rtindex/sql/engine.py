@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rtindex import keys
-from rtindex.duck import DuckEngine, time_limit
+from rtindex.duck import DuckEngine, check_time_limit, time_limit
 from rtindex.sql import messages, multi, planner
 from rtindex.sql import predicates as P
 from rtindex.sql.executor import SAMPLE_ROWS, execute
@@ -56,13 +56,15 @@ class SqlEngine:
 
     # ------------------------------------------------------------------------------
     def sql(self, text: str, params: Any = None, access: str | None = None, timeout_ms: float | None = None) -> Result:
-        """Run one query; its DuckDB work stops ``timeout_ms`` from now (QueryTimeoutError)."""
+        """Run one query; it stops ``timeout_ms`` from now (QueryTimeoutError): DuckDB's work is
+        interrupted, and the work around it checks the limit between its steps."""
         with time_limit(timeout_ms):
             return self._sql(text, params, access)
 
     def _sql(self, text: str, params: Any, access: str | None) -> Result:
         t0 = time.perf_counter()
         q = self._plans.get(text)
+        check_time_limit()  # parsing a long text is a step of its own
         if isinstance(q, MultiQuery):
             return self._sql_multi(q, params, access, t0)
         if q.point is not None and access is None:
@@ -71,6 +73,7 @@ class SqlEngine:
                 return res
         snap = snapshot_of(self._lookup, q.collection, q.sql)
         plan = planner.plan(q, snap, params, access)
+        check_time_limit()
         t1 = time.perf_counter()
         res = execute(plan, self.duck, self.max_result_bytes)
         res.timings = {"plan": t1 - t0, **res.timings}
@@ -80,10 +83,11 @@ class SqlEngine:
 
     def try_point(self, text: str, params: Any, max_rows: int) -> Result | None:
         """The answer of ``text`` if it is a point query matching at most ``max_rows`` rows
-        (work bounded by that), else None: run it with :meth:`sql`."""
+        (work bounded by that), else None: run it with :meth:`sql`. A text not parsed
+        before is None too: parsing a long text is work no row count bounds."""
         t0 = time.perf_counter()
-        q = self._plans.get(text)
-        if isinstance(q, MultiQuery) or q.point is None:
+        q = self._plans.cached(text)
+        if q is None or isinstance(q, MultiQuery) or q.point is None:
             return None
         return self._point(q, params, t0, max_rows)
 
@@ -123,6 +127,7 @@ class SqlEngine:
     def _sql_multi(self, q: MultiQuery, params: Any, access: str | None, t0: float) -> Result:
         """A query over collection references (rtindex/sql/multi.py)."""
         plan = multi.plan(q, self._lookup, params, access)
+        check_time_limit()
         t1 = time.perf_counter()
         res = multi.execute(plan, self.duck, self.max_result_bytes)
         res.timings = {"plan": t1 - t0, **res.timings}

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from rtindex import keys
-from rtindex.duck import DuckEngine, OutputTooLarge
+from rtindex.duck import DuckEngine, OutputTooLarge, check_time_limit
 from rtindex.errors import ResultTooLargeError
 from rtindex.rowcache import copy_json, json_bytes
 from rtindex.sql import frames, messages, typed
@@ -34,6 +34,10 @@ SAMPLE_ROWS = 16
 # up to this many matched rows, the kinds of values a mixed field holds in them are read from
 # the rows (fetched anyway); past it from posting lists, which hold no rows in memory
 MIXING_FROM_ROWS = 4096
+# rows of a first fetch that show how fast the rest will come (see _Run.fetch), and about how
+# long, in seconds, each later step may take before the query's time limit is checked again
+FETCH_PROBE_ROWS = 2048
+FETCH_STEP_SECONDS = 0.1
 
 
 def execute(plan: Plan, duck: Callable[[], DuckEngine], max_result_bytes: int | None) -> Result:
@@ -121,7 +125,7 @@ class _Run:
         they take (rtindex.rowcache.json_bytes; for documents as stored, known to the row
         cache), else 0."""
         charge = [0] if measure and self.q.star and not self.q.star_except else None
-        rows = self.plain_rows(self.snap.fetch(self.rows, limit, offset=offset, copy=copy, charge=charge))
+        rows = self.plain_rows(self.fetch(limit, offset, copy=copy, charge=charge))
         if not measure:
             return rows, 0
         return rows, charge[0] if charge is not None else json_bytes(rows)
@@ -168,7 +172,7 @@ class _Run:
         q = self.q
         budget = self.budget
         t0 = time.perf_counter()
-        docs = self.snap.fetch(self.rows, copy=False)  # shared, read-only: only read into Arrow
+        docs = self.fetch(copy=False)  # shared, read-only: only read into Arrow
         frame = self.frame(docs)
         t1 = time.perf_counter()
         self.timings["fetch"] = t1 - t0
@@ -207,12 +211,38 @@ class _Run:
                 yield self.star_rows(batch, docs, copy=False)
         return frames.rows_reader(chunks)
 
+    def fetch(self, limit: int | None = None, offset: int = 0, copy: bool = True,
+              charge: list[int] | None = None) -> list[dict]:
+        """``snap.fetch`` of the plan's rows, with the query's time limit checked on the way:
+        rows the row cache does not hold are read and decoded one at a time, the slow part of
+        the index path. A first FETCH_PROBE_ROWS show how slow; the rest comes in steps of
+        about FETCH_STEP_SECONDS (each step costs a pass over the row set, so rows that come
+        fast come in few steps; a step is at most 4 times the one before, whose rows may all have
+        been cached when the next ones are not)."""
+        total = max(0, len(self.rows) - offset)
+        total = total if limit is None else min(total, limit)
+        out: list[dict] = []
+        step = FETCH_PROBE_ROWS
+        while len(out) < total:
+            if out:
+                check_time_limit()
+            t0 = time.perf_counter()
+            got = self.snap.fetch(self.rows, min(step, total - len(out)), offset=offset + len(out), copy=copy,
+                                  charge=charge)
+            if not got:
+                break
+            out += got
+            per_row = (time.perf_counter() - t0) / len(got)
+            step = min(4 * step, max(FETCH_PROBE_ROWS, int(FETCH_STEP_SECONDS / per_row) if per_row > 0 else total))
+        return out
+
     def frame(self, docs: list[dict]) -> pa.Table:
         """The table DuckDB reads on the index path: the fields the query uses (with the shadow
         columns of those mixed ones it compares), and ``__pos``, each row's position in
         ``docs`` (also: a frame needs one column)."""
         named: list[tuple[str, pa.Array]] = []
         for path, name in self.q.fields.items():
+            check_time_limit()  # a field of many rows is a step of its own
             vals = frames.values(docs, path)
             col = frames.nulls_typed(frames.column(vals, path), list(self.column_tags(path)))
             named.extend(typed.with_shadows(name, vals, col, self.plan.compared))
@@ -223,7 +253,9 @@ class _Run:
         """``SELECT *, <expressions>`` rows: the documents at ``out``'s ``__pos``, plus its other columns."""
         extras = [n for n in out.column_names if n != "__pos"]
         rows = []
-        for r in out.to_pylist():
+        for i, r in enumerate(out.to_pylist()):
+            if not i % FETCH_PROBE_ROWS:
+                check_time_limit()
             d = copy_json(docs[r["__pos"]]) if copy else docs[r["__pos"]]
             row = {k: v for k, v in d.items() if k not in self.q.star_except}
             row.update((n, r[n]) for n in extras)
@@ -234,6 +266,7 @@ class _Run:
     def run_scan(self) -> Result:
         t0 = time.perf_counter()
         table = self.scan()
+        check_time_limit()
         kinds = self.scan_kinds(table)
         if kinds:  # mixed fields: typed by the kinds the rows read hold
             text, self.frame_types, frame_columns = scan_text(self.plan, kinds)

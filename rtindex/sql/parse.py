@@ -398,10 +398,18 @@ class _Parser:
         except sqlglot.errors.SqlglotError as e:
             raise syntax_error(self.sql, self.text, e, self.original,
                                lambda word: "?" if word.startswith("$" + POSITIONAL) else word) from e
+        except RecursionError:  # nesting check_nesting does not count, too deep for the parser
+            raise SqlError("the query nests too deep to be read: flatten it, or split it into several "
+                           "queries", self.sql) from None
         trees = [t for t in trees if t is not None]
         if len(trees) != 1:
             raise SqlError(f"expected one statement, got {len(trees)}", self.sql)
         check_depth(self.sql, trees[0])
+        for dot in trees[0].find_all(exp.Dot):
+            if isinstance(dot.this, (exp.Literal, exp.Boolean)):
+                # a field of a number, string or boolean (``0 .x``): none has one, and the text
+                # made of it for DuckDB (0.x) reads as something else
+                raise self.unsupported(f"a field of the value {dot.this.sql(DIALECT)} (only objects have fields)", dot)
         for group in trees[0].find_all(exp.Group):  # (sqlglot reads "GROUP BY" with nothing after it)
             if not any(group.args.get(k) for k in ("expressions", "all", "rollup", "cube", "grouping_sets")):
                 pos = messages.keyword_position("GROUP BY", self.text)

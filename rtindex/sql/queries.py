@@ -51,5 +51,9 @@ class PlanCache:
                 self._plans.popitem(last=False)
         return q
 
+    def cached(self, sql: str) -> Query | MultiQuery | None:
+        """The checked query of ``sql`` if it is in the cache, else None (nothing parsed)."""
+        return self._plans.get(sql) if isinstance(sql, str) else None
+
     def __len__(self) -> int:
         return len(self._plans)

@@ -47,9 +47,9 @@ from rtindex.sql.parse import (
 
 # functions that read files, the environment or the catalog: refused wherever they appear
 # (DuckDB's sandbox refuses file access too; this names the construct for the user)
-_DENIED_FUNCTION = re.compile(r"^(read_.*|glob|query|query_table|sniff_csv|getenv|parquet_.*|iceberg_.*|delta_.*|"
+_DENIED_FUNCTION = re.compile(r"(read_.*|glob|query|query_table|sniff_csv|getenv|parquet_.*|iceberg_.*|delta_.*|"
                               r"duckdb_.*|pragma_.*|which_secret|load_aws_credentials|json_execute_serialized_sql|"
-                              r"from_json.*|current_setting|getvariable)$", re.IGNORECASE)
+                              r"from_json.*|current_setting|getvariable)", re.IGNORECASE | re.DOTALL)
 _PUSHABLE_JOINS = ("", "INNER", "CROSS")
 MASK = "__m"  # mask columns of a frame read for references with different index parts
 
@@ -185,7 +185,7 @@ class _GeneralParser(_Parser):
                     raise self.unsupported("a catalog in FROM (name a collection: coll, or workspace.coll)", node)
             if isinstance(node, (exp.Func, exp.Anonymous)):
                 name = _call_name(node)
-                if _DENIED_FUNCTION.match(name):
+                if _DENIED_FUNCTION.fullmatch(name):
                     raise self.unsupported(f"function {name.upper()} (a query reads collections only)", node)
             if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.USERDEFINED:
                 raise self.unsupported(f"type {node.sql(DIALECT)}", node)

@@ -9,8 +9,10 @@ ends too early; else the token near which the text stopped making sense. Every m
 names what the user wrote and where (``SqlError.position``).
 
 Nesting is bounded before anything recursive sees the text (sqlglot's parser, the planner
-and the code generators all recurse): parentheses at most ``MAX_NESTING`` deep, the parsed
-tree at most ``MAX_DEPTH`` levels (a chain of ORs or of ``+`` is one level a term).
+and the code generators all recurse): at most ``MAX_NESTING`` levels of what the parser
+recurses into (parentheses, brackets, braces, CASE, nested type parameters, prefix operators
+in a row, subscripts in a chain), the parsed tree at most ``MAX_DEPTH`` levels (a chain of
+ORs or of ``+`` is one level a term).
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ from sqlglot.tokens import Token, TokenType
 
 from rtindex.errors import SqlError
 
-MAX_NESTING = 32  # parentheses (subqueries included) open at once
+MAX_NESTING = 32  # levels the parser recurses into, open at once (see check_nesting)
+# what opens a level, and the token that closes it (a CASE ends at END)
+_CLOSERS = {TokenType.L_PAREN: TokenType.R_PAREN, TokenType.L_BRACKET: TokenType.R_BRACKET,
+            TokenType.L_BRACE: TokenType.R_BRACE, TokenType.CASE: TokenType.END}
+# prefix operators: the parser recurses once for each of a run (NOT NOT x, - - x)
+_PREFIX = frozenset({TokenType.NOT, TokenType.DASH, TokenType.PLUS, TokenType.TILDE, TokenType.PIPE_SLASH,
+                     TokenType.DPIPE_SLASH, TokenType.INTERVAL})
+# types whose parameters nest (STRUCT<a STRUCT<...>>): a < after one of them opens a level
+_NESTED_TYPES = frozenset({TokenType.STRUCT, TokenType.MAP, TokenType.ARRAY, TokenType.LIST, TokenType.NESTED,
+                           TokenType.OBJECT, TokenType.UNION})
 MAX_DEPTH = 256  # levels of the parsed expression tree
 KEYWORDS = ("SELECT", "FROM", "WHERE", "GROUP BY", "ORDER BY", "HAVING", "LIMIT", "OFFSET", "AND", "OR", "NOT",
             "BETWEEN", "LIKE", "IN", "IS", "NULL", "AS", "DISTINCT", "CASE", "WHEN", "THEN", "ELSE", "END", "CAST",
@@ -60,22 +71,46 @@ def syntax_error(sql: str, text: str, error: sqlglot.errors.SqlglotError,
 
 
 def check_nesting(sql: str, text: str, original: Callable[[int], int]) -> None:
-    """SqlError if parentheses in ``text`` nest deeper than MAX_NESTING (before parsing:
-    sqlglot's parser recurses once a level). A text that does not tokenize is left to the
-    parser's error."""
+    """SqlError if what sqlglot's parser recurses into nests deeper than MAX_NESTING in
+    ``text`` (before parsing: it recurses once a level, many frames deep for some, CASE).
+    A level is opened by a parenthesis, bracket or brace, a CASE, a < after a nested type, a
+    prefix operator (each of a run counts, and a run before an opener weighs on it) and a
+    subscript after a subscript (``a[1][2]``: the parser recurses once for each of a chain).
+    A text that does not tokenize is left to the parser's error."""
     try:
         tokens = Dialect.get_or_raise("duckdb").tokenize(text)
     except sqlglot.errors.SqlglotError:
         return
-    depth = 0
+    open_: list[tuple[TokenType, int]] = []  # (closer, levels it weighs) of each level open
+    depth = 0  # levels open: the sum of their weights
+    run = 0  # prefix operators just before this token
+    chained = 0  # weight of the subscript this token would continue the chain of, else 0
+    previous = None
     for t in tokens:
-        if t.token_type == TokenType.L_PAREN:
-            depth += 1
-            if depth > MAX_NESTING:
-                raise SqlError(f"the query nests parentheses or subqueries more than {MAX_NESTING} deep "
-                               f"(the limit): flatten it, or split it into several queries", sql, original(t.start))
-        elif t.token_type == TokenType.R_PAREN:
-            depth -= 1
+        kind = t.token_type
+        closer = _CLOSERS.get(kind)
+        if kind == TokenType.LT and previous in _NESTED_TYPES:
+            closer = TokenType.GT
+        if closer is not None:
+            weight = 1 + run + (chained if kind == TokenType.L_BRACKET else 0)
+            open_.append((closer, weight))
+            depth += weight
+            run = 0
+        elif kind in _PREFIX:
+            run += 1
+        else:
+            run = 0
+        chained = 0
+        if open_ and kind == open_[-1][0]:
+            _, weight = open_.pop()
+            depth -= weight
+            if kind in (TokenType.R_BRACKET, TokenType.R_BRACE):
+                chained = weight
+        if depth + run > MAX_NESTING:
+            raise SqlError(f"the query nests parentheses, subqueries, CASE, brackets or operators more than "
+                           f"{MAX_NESTING} deep (the limit): flatten it, or split it into several queries",
+                           sql, original(t.start))
+        previous = kind
 
 
 def check_depth(sql: str, tree: sqlglot.exp.Expression) -> None:

@@ -34,7 +34,9 @@ import sqlglot
 from sqlglot import exp
 
 from rtindex import keys
+from rtindex.errors import SqlError
 from rtindex.sql import frames as F
+from rtindex.sql.messages import duckdb_error
 
 NUM, TEXT, BOOL = "num", "text", "bool"
 FAMILIES = (NUM, TEXT, BOOL)
@@ -131,7 +133,11 @@ def columns_of(schema: pa.Schema) -> dict[str, str | None]:
 def compared(sql: str) -> frozenset[str]:
     """Names of the columns the DuckDB text ``sql`` uses where rule 2 types them: the
     frame columns that get shadow columns when they are mixed."""
-    return frozenset(c.name for c in _typed_uses(sqlglot.parse_one(sql, read=_DIALECT)))
+    try:
+        tree = sqlglot.parse_one(sql, read=_DIALECT)
+    except sqlglot.errors.ParseError:  # the text made for DuckDB does not read back: a construct carried over wrongly
+        raise SqlError(duckdb_error("Parser Error: the text made for DuckDB", {})) from None
+    return frozenset(c.name for c in _typed_uses(tree))
 
 
 def rewrite(sql: str, frames: Mapping[str, Mapping[str, str | None]], params: Mapping[str, Any]) -> str:
