@@ -308,7 +308,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--query-workers", type=int, default=1, help="query processes (default 1)")
     p.add_argument("--max-concurrent-queries", type=int, default=4, help="per query process (default 4)")
-    p.add_argument("--max-queued-queries", type=int, default=64, help="per query process (default 64)")
+    p.add_argument("--max-queued-queries", type=int, default=None,
+                   help="per query process (default: as many as --max-concurrent-queries)")
     p.add_argument("--queue-timeout-ms", type=int, default=1000, help="longest wait for a query slot (default 1000)")
     p.add_argument("--no-auth", action="store_true", help="no API keys (refused unless --host is a loopback address)")
     p.add_argument("--demo", action="store_true", help="load demo events into a collection 'demo_events' if it is missing")

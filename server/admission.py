@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections import deque
 
-from .http import HttpError, send_error
+from .http import HttpError, send_bytes
 
 
 class Admission:
@@ -31,6 +31,9 @@ class Admission:
         self.metrics = metrics
         self.executing = 0
         self._waiters: deque[asyncio.Future] = deque()
+        # the two refusals, made once: a refused request should cost as little as can be
+        self._full = self._refusal("the query queue is full")
+        self._late = self._refusal(f"no query slot within the queue timeout ({queue_timeout * 1000:.0f} ms)")
 
     @property
     def queued(self) -> int:
@@ -43,10 +46,9 @@ class Admission:
         if self.executing < self.max_concurrent and not self._waiters:
             self.executing += 1
         elif len(self._waiters) >= self.max_queued:
-            return await self._refuse(send, "the query queue is full")
+            return await self._refuse(send, self._full)
         elif not await self._wait():
-            return await self._refuse(send, f"no query slot within the queue timeout "
-                                            f"({self.queue_timeout * 1000:.0f} ms)")
+            return await self._refuse(send, self._late)
         scope["rtindex.queued_ms"] = (time.perf_counter() - t0) * 1000.0
         self._gauge()
         try:
@@ -89,11 +91,15 @@ class Admission:
         if self.metrics is not None:
             self.metrics.admission(self.executing, len(self._waiters))
 
-    async def _refuse(self, send, why: str) -> None:
+    def _refusal(self, why: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The body and headers of a 429 saying ``why``."""
+        err = HttpError(429, "TooManyRequests", f"{why}: this query process runs {self.max_concurrent} queries at "
+                                                f"once and queues {self.max_queued}; retry after the Retry-After "
+                                                "seconds", limit="max_concurrent_queries",
+                        headers=[(b"retry-after", b"1")])
+        return err.body(), err.headers
+
+    async def _refuse(self, send, refusal: tuple[bytes, list[tuple[bytes, bytes]]]) -> None:
         if self.metrics is not None:
             self.metrics.refused()
-        await send_error(send, HttpError(
-            429, "TooManyRequests",
-            f"{why}: this query process runs {self.max_concurrent} queries at once and queues "
-            f"{self.max_queued}; retry after the Retry-After seconds",
-            limit="max_concurrent_queries", headers=[(b"retry-after", b"1")]))
+        await send_bytes(send, 429, refusal[0], headers=refusal[1])

@@ -30,7 +30,9 @@ class ServerConfig:
     port: int = 8000
     query_workers: int = 1
     max_concurrent_queries: int = 4  # per query process
-    max_queued_queries: int = 64  # per query process
+    # per query process; None: as many as max_concurrent_queries, so that a query admitted
+    # under overload waits about as long as one runs, not many times that (queue_depth)
+    max_queued_queries: int | None = None
     queue_timeout_ms: int = 1_000  # a queued query that waits longer gets 429
     # seconds an idle keep-alive connection stays open: longer than common clients keep idle
     # connections in their pools (Go's net/http among them), so the client closes first and
@@ -42,6 +44,11 @@ class ServerConfig:
     # filled in by the supervisor for its children
     ingest_socket: str = ""
     metrics_dir: str = ""
+
+    @property
+    def queue_depth(self) -> int:
+        """How many queries may wait for a slot in each query process."""
+        return self.max_concurrent_queries if self.max_queued_queries is None else self.max_queued_queries
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -59,7 +66,7 @@ class ServerConfig:
         for name in ("query_workers", "max_concurrent_queries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.max_queued_queries < 0:
+        if self.max_queued_queries is not None and self.max_queued_queries < 0:
             raise ValueError("--max-queued-queries must be 0 or more")
         if not self.auth and not is_loopback(self.host):
             raise ValueError(f"--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), "

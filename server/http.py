@@ -8,9 +8,12 @@ the rtindex errors whose messages are written for users.
 
 from __future__ import annotations
 
+import json
+import re
 import unicodedata
 
 import orjson
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 import rtindex
@@ -42,6 +45,8 @@ class HttpError(Exception):
 # class comes before its bases. An exception no row matches is the server's own failure:
 # logged, and answered 500 without its text.
 ERRORS: tuple[tuple[type[Exception], int, str, str | None], ...] = (
+    # the client closed the connection first: an answer nobody reads (499, as nginx logs it)
+    (ClientDisconnect, 499, "ClientClosedRequest", None),
     (rtindex.QueryTimeoutError, 408, "Timeout", "timeout_ms"),
     (rtindex.ResultTooLargeError, 413, "LimitExceeded", "max_result_bytes"),
     (rtindex.SqlError, 400, "BadSql", None),
@@ -126,8 +131,25 @@ def header(scope, name: bytes) -> str | None:
     return None
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")  # the shortest integer that may be past 64 bits
+
+
+def loads(body: bytes):
+    """``body`` parsed as JSON, with integers exact: orjson reads one past 64 bits as a float,
+    so a body holding such a run of digits is read again by the standard library (after
+    orjson checked it: UTF-8, no NaN), and rtindex refuses those integers as it does in
+    documents given as Python objects. orjson.JSONDecodeError if it is not JSON."""
+    parsed = orjson.loads(body)
+    if _LONG_DIGITS.search(body) is None:
+        return parsed
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise HttpError(400, "BadRequest", "the request body nests too deep") from None
+
+
 def parse_json(body: bytes, what: str = "the request body"):
     try:
-        return orjson.loads(body)
+        return loads(body)
     except orjson.JSONDecodeError as e:
         raise HttpError(400, "BadRequest", f"{what} is not valid JSON: {e}") from None

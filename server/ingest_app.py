@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -28,8 +28,8 @@ import rtindex
 
 from . import metrics, routes
 from .config import ServerConfig
-from .http import (NDJSON, HttpError, error_for, error_response, internal_error, json_response, path_name, send_error,
-                   too_large)
+from .http import (NDJSON, HttpError, error_for, error_response, internal_error, json_response, loads, path_name,
+                   send_error, too_large)
 
 log = logging.getLogger("rtindex.server")
 
@@ -119,7 +119,7 @@ class IngestService:
     async def _json(self, request: Request):
         body = await self._body(request)
         try:
-            return orjson.loads(body)
+            return loads(body)
         except orjson.JSONDecodeError as e:
             raise not_json(body, e) from None
 
@@ -131,7 +131,7 @@ class IngestService:
         if docs is not None:
             return docs
         try:  # not an array as expected: say what is wrong with it
-            parsed = orjson.loads(body)
+            parsed = loads(body)
         except orjson.JSONDecodeError as e:
             raise not_json(body, e) from None
         if member is None:
@@ -148,11 +148,13 @@ class IngestService:
             raise too_large("max_docs_per_request", self.limits.max_docs_per_request,
                             f"a request of {n} documents")
 
-    async def write_docs(self, coll: rtindex.Collection, docs: list) -> tuple[list, str]:
+    async def write_docs(self, coll: rtindex.Collection, docs: list, request: Request) -> tuple[list, str]:
         self._check_count(len(docs))
         items: list = []
         fence = coll.fence()
         for start in range(0, len(docs), BATCH_DOCS):
+            if start:
+                await _still_connected(request)
             fence = await self._ingest(coll, docs[start:start + BATCH_DOCS], start, items)
         return items, fence
 
@@ -180,6 +182,8 @@ class IngestService:
                 names.append(f"line {line_no}")
                 slots.append(None)
             done: list = []
+            if state["first"]:
+                await _still_connected(request)
             if good:
                 state["fence"] = await self._ingest(coll, good, state["first"], done, names)
             it = iter(done)
@@ -253,7 +257,7 @@ class IngestService:
         if request.headers.get("content-type", "").split(";")[0].strip() == NDJSON:
             items, fence = await self.write_ndjson(coll, request)
         else:
-            items, fence = await self.write_docs(coll, await self._documents(request, None))
+            items, fence = await self.write_docs(coll, await self._documents(request, None), request)
         return json_response({"items": items, "fence": fence})
 
     async def patch_doc(self, request: Request) -> Response:
@@ -295,7 +299,7 @@ class IngestService:
     async def rockset_docs(self, request: Request) -> Response:
         name = self.rockset_name(request)
         coll = self.collection(name)
-        items, fence = await self.write_docs(coll, await self._documents(request, "data"))
+        items, fence = await self.write_docs(coll, await self._documents(request, "data"), request)
         coll_name = request.path_params["coll"]
         return json_response({"data": [{"_id": it["_id"], "_collection": coll_name, "status": it["status"],
                                  "error": it["error"]} for it in items], "last_offset": fence})
@@ -331,6 +335,15 @@ class IngestService:
 
 
 _NON_FINITE = re.compile(rb"-?(NaN|Infinity)\b")
+
+
+async def _still_connected(request: Request) -> None:
+    """ClientDisconnect once the client (for a relayed write, its query process) is gone: the
+    rest of its write is not stored. Its client saw the connection fail and may already have
+    written newer versions of the same documents; the batches stored before stay (an
+    unanswered write is retried whole, docs/service.md)."""
+    if await request.is_disconnected():
+        raise ClientDisconnect()
 
 
 def not_json(body: bytes, e: orjson.JSONDecodeError) -> HttpError:

@@ -48,9 +48,18 @@ log = logging.getLogger("rtindex.server")
 QUERY_PATHS = {"/v1/query", "/v1/orgs/self/queries", "/v1/noop"}
 MAX_QUERY_BODY = 1 << 20  # SQL text plus parameters
 # seconds past timeout_ms before a query still running is answered 408 anyway: DuckDB's
-# part stops at timeout_ms, the rest (index lookups, fetching rows) cannot be interrupted
+# part stops within a batch of rows, the rest (parsing, index lookups, fetching rows) at its
+# next step
 OVERRUN_GRACE = 0.25
+# seconds a query may still run after that 408 before this process gives up on it and exits
+# (the supervisor starts another): a thread cannot be stopped from outside, so work that
+# neither DuckDB's interrupt nor a step's check reaches would hold its query slot and a core
+RUNAWAY_SECONDS = 10.0
+RUNAWAY_EXIT = 3  # the exit code that says so
 INLINE_ROWS = 64  # a point query matching at most this many rows runs on the event loop
+# seconds between checks of a query's min_fence, first and most: each check is a wake-up of
+# the event loop, and queries waiting long for their fences would otherwise keep it busy
+FENCE_POLL = (0.0005, 0.008)
 
 
 class QueryBody(BaseModel):
@@ -76,6 +85,7 @@ class QueryService:
         self.config = config
         self.limits = config.limits
         self.pool = ThreadPoolExecutor(config.max_concurrent_queries, thread_name_prefix="rtindex-query")
+        self._watches: set[asyncio.Task] = set()  # of queries answered 408 still running
 
     # ------------------------------------------------------------ request -> query
     def native(self, req: Any) -> tuple[str, Any, str | None, int]:
@@ -131,6 +141,7 @@ class QueryService:
                 body, res, n = await asyncio.wait_for(asyncio.shield(fut), left_ms / 1000.0 + OVERRUN_GRACE)
             except asyncio.TimeoutError:
                 metrics.QUERY_TIMEOUTS.inc()
+                self._watch_runaway(fut, timeout_ms)
                 return 408, b"application/json", HttpError(
                     408, "Timeout", f"the query ran past timeout_ms={timeout_ms}", limit="timeout_ms").body(), [], fut
         stats = {"elapsed_ms": round((time.perf_counter() - t0) * 1000.0, 3), "queued_ms": round(queued_ms, 3),
@@ -147,12 +158,28 @@ class QueryService:
         return (200, b"application/json",
                 b"{" + key + b":" + body + b',"stats":' + orjson.dumps(stats) + warnings + b"}", [], None)
 
+    def _watch_runaway(self, fut: asyncio.Future, timeout_ms: int) -> None:
+        """Exit this process if the query of ``fut`` still runs RUNAWAY_SECONDS from now."""
+        async def watch() -> None:
+            await asyncio.wait([fut], timeout=RUNAWAY_SECONDS)
+            if not fut.done():
+                log.error("rtindex serve: a query still runs %.0f s after its timeout_ms=%d and cannot be "
+                          "interrupted: query process %d exits (the supervisor starts another)",
+                          RUNAWAY_SECONDS, timeout_ms, os.getpid())
+                logging.shutdown()
+                os._exit(RUNAWAY_EXIT)
+        task = asyncio.get_running_loop().create_task(watch())
+        self._watches.add(task)
+        task.add_done_callback(self._watches.discard)
+
     async def _wait_fence(self, fence: str, deadline: float, timeout_ms: int) -> None:
+        pause = FENCE_POLL[0]  # a replica is usually there within a few polls; then less often
         while not self.db.caught_up(fence):  # a FenceError is answered by http.ERRORS
             if time.perf_counter() >= deadline:
                 raise HttpError(408, "Timeout", f"this replica did not reach min_fence within "
                                                 f"timeout_ms={timeout_ms}", limit="timeout_ms")
-            await asyncio.sleep(0.0005)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, FENCE_POLL[1])
 
     def _execute(self, sql: str, params: Any, arrow: bool, timeout_ms: int,
                  left_ms: float) -> tuple[bytes, rtindex.Result, int]:
@@ -223,8 +250,9 @@ class Front:
         self.lean = lean
         # one admission control for the query routes, lean or through FastAPI
         self.admitted = Admission(self._route, QUERY_PATHS, config.max_concurrent_queries,
-                                  config.max_queued_queries, config.queue_timeout_ms / 1000.0,
+                                  config.queue_depth, config.queue_timeout_ms / 1000.0,
                                   metrics.AdmissionGauges())
+        self._counted: dict[tuple[str, int], tuple] = {}  # (route, status) -> its two metrics
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -262,8 +290,12 @@ class Front:
             route = scope.get("route")
             label = path if path in QUERY_PATHS or path in OPEN_PATHS else (
                 route.path if route is not None else "unmatched")
-            metrics.REQUESTS.labels(label, str(status)).inc()
-            metrics.LATENCY.labels(label).observe(time.perf_counter() - t0)
+            counted = self._counted.get((label, status))
+            if counted is None:  # labels() checks and looks up its values: once per route and status
+                counted = self._counted[(label, status)] = (metrics.REQUESTS.labels(label, str(status)),
+                                                            metrics.LATENCY.labels(label))
+            counted[0].inc()
+            counted[1].observe(time.perf_counter() - t0)
 
     async def _route(self, scope, receive, send):
         if self.lean and scope["method"] == "POST" and scope["path"] in QUERY_PATHS:
@@ -312,6 +344,7 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
     # /docs and /redoc with their scripts and styles served from the package, not a CDN: a
     # machine without internet access shows them too
     app = FastAPIOffline(title="rtindex", version=rtindex.__version__, lifespan=lifespan, static_url=DOCS_ASSETS,
+                         redirect_slashes=False,  # a path ending in "/" is answered, not redirected
                          description="Real-time indexing database for JSON: writes, SQL, Rockset-compatible routes. "
                                      "Every route but /healthz needs `Authorization: ApiKey <key>`.")
 
@@ -425,8 +458,14 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
     async def list_keys():
         return json_response({"keys": keys.list()})
 
-    @app.post("/v1/keys", tags=["keys"], summary='Make an API key: {"role", "name"}; the key is shown once (admin)')
-    async def create_key(body: dict = Body(...)):
+    @app.post("/v1/keys", tags=["keys"], summary='Make an API key: {"role", "name"}; the key is shown once (admin)',
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+                  "type": "object", "properties": {"role": {"type": "string", "enum": ["read", "write", "admin"]},
+                                                   "name": {"type": "string"}}}}}}})
+    async def create_key(request: Request):
+        body = parse_json(await request.body())  # (read here: FastAPI's 422 is not the error shape)
+        if not isinstance(body, dict):
+            raise HttpError(400, "BadRequest", 'give {"role": "read" | "write" | "admin", "name": ...}')
         key, entry = keys.create(body.get("role", "read"), body.get("name", ""))
         return json_response({**entry, "key": key}, 201)
 

@@ -29,6 +29,12 @@ from .auth import KeyStore
 from .config import ServerConfig
 from .worker import DEMO_COLLECTION
 START_TIMEOUT = 120.0  # an ingest process may replay a large WAL before it listens
+# seconds a stopping process gets to finish what it is doing before SIGKILL. A query process
+# holds nothing that must be saved (it is a replica; its temporary files are under the
+# supervisor's runtime directory), so a query still running is cut short; the ingest
+# process finishes the writes it has and closes the database.
+QUERY_STOP_SECONDS = 5.0
+INGEST_STOP_SECONDS = 40.0
 RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -67,11 +73,19 @@ class Supervisor:
         env["PROMETHEUS_MULTIPROC_DIR"] = self.config.metrics_dir
         return env
 
+    def _tmp(self) -> str:
+        """The temporary directory of the query processes (a replica's files), removed with
+        the runtime directory: also what a query process killed or crashed left there."""
+        path = os.path.join(self.runtime, "tmp")
+        os.makedirs(path, exist_ok=True)
+        return path
+
     def _spawn(self, role: str) -> subprocess.Popen:
         env = self._env()
         fds: tuple = ()
         if role == "query":
             env["RTINDEX_LISTEN_FD"] = str(self.sock.fileno())
+            env["TMPDIR"] = self._tmp()
             fds = (self.sock.fileno(),)
         # -P: not the current directory first on sys.path, or a checkout of the source (the
         # README's case: `rtindex serve` run from the repository) would shadow the installed
@@ -204,18 +218,20 @@ class Supervisor:
 
     def stop(self) -> None:
         """Query processes first, then the ingest process; each gets SIGTERM and time to
-        finish what it is doing, then SIGKILL."""
+        finish what it is doing (QUERY_STOP_SECONDS, INGEST_STOP_SECONDS), then SIGKILL."""
         self._stopping = True
         if self.sock is not None:  # refuse new connections now, instead of queueing them for no one
             self.sock.close()
             self.sock = None
-        for group in ([q for q in self.queries if q is not None], [self.ingest] if self.ingest else []):
+        for group, seconds in (([q for q in self.queries if q is not None], QUERY_STOP_SECONDS),
+                               ([self.ingest] if self.ingest else [], INGEST_STOP_SECONDS)):
             for p in group:
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + seconds
             for p in group:
                 try:
-                    p.wait(timeout=40)
+                    p.wait(timeout=max(deadline - time.monotonic(), 0.0))
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()

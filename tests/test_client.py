@@ -14,14 +14,12 @@ import pytest
 
 import rtindex
 from rtindex import client
-from tests.serving import Served
+from tests.serving import Served, module_service
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = Served(str(tmp_path_factory.mktemp("cli") / "db"))
-    yield s
-    assert s.stop() == 0, "".join(s.output)
+    yield from module_service(tmp_path_factory.mktemp("cli"))
 
 
 @pytest.fixture(scope="module")

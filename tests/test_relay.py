@@ -11,15 +11,12 @@ from urllib.parse import quote, urlsplit
 import httpx
 import pytest
 
-from tests.serving import Served
+from tests.serving import module_service
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = Served(str(tmp_path_factory.mktemp("relay") / "db"))
-    yield s
-    assert s.stop() == 0, "".join(s.output)
-    assert "Traceback" not in "".join(s.output), "".join(s.output)  # nothing failed inside either
+    yield from module_service(tmp_path_factory.mktemp("relay"))
 
 
 def connection(r: httpx.Response) -> tuple:

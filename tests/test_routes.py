@@ -19,7 +19,7 @@ from rtindex.server import ingest_app, query_app, routes
 from rtindex.server.auth import ROLES
 from rtindex.server.config import ServerConfig
 from rtindex.server.http import ERRORS, HttpError, error_for
-from tests.serving import Served
+from tests.serving import module_service
 
 # a value for each path parameter of the table
 SAMPLE = {"name": "walk", "doc_id": "1", "ws": "commons", "coll": "walk", "key_id": "k_000000000000",
@@ -111,10 +111,7 @@ def test_one_table_answers_exceptions():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = Served(str(tmp_path_factory.mktemp("routes") / "db"))
-    yield s
-    assert s.stop() == 0, "".join(s.output)
-    assert "Traceback" not in "".join(s.output), "".join(s.output)  # nothing failed inside either
+    yield from module_service(tmp_path_factory.mktemp("routes"))
 
 
 def test_every_route_answers_by_its_role(served):

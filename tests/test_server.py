@@ -23,14 +23,12 @@ import pytest
 
 import rtindex
 from rtindex.server.config import Limits, ServerConfig, parse_limits
-from tests.serving import Served
+from tests.serving import Served, module_service
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    s = Served(str(tmp_path_factory.mktemp("srv") / "db"), "--query-workers", "2")
-    yield s
-    assert s.stop() == 0, "".join(s.output)
+    yield from module_service(tmp_path_factory.mktemp("srv"), "--query-workers", "2")
 
 
 @pytest.fixture(scope="module")
