@@ -104,6 +104,7 @@ from rtindex.errors import (
     AlreadyExistsError,
     ClosedError,
     FenceError,
+    InvalidArgumentError,
     NotFoundError,
     OverloadedError,
     QueryTimeoutError,
@@ -215,15 +216,15 @@ class RemoteDatabase:
         import httpx  # here, not at import time: `import rtindex` need not load it
 
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must be http://host:port or https://..., not {url!r}")
+            raise InvalidArgumentError(f"url must be http://host:port or https://..., not {url!r}")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be an integer >= 0, not {retries!r}")
+            raise InvalidArgumentError(f"retries must be an integer >= 0, not {retries!r}")
         self.url = url.rstrip("/")
         self.timeout = float(timeout)
         self.retries = retries
         if isinstance(ingest_retry_seconds, bool) or not isinstance(ingest_retry_seconds, (int, float)) \
                 or not ingest_retry_seconds >= 0:
-            raise ValueError(f"ingest_retry_seconds must be a number >= 0, not {ingest_retry_seconds!r}")
+            raise InvalidArgumentError(f"ingest_retry_seconds must be a number >= 0, not {ingest_retry_seconds!r}")
         self.ingest_retry_seconds = float(ingest_retry_seconds)
         self._httpx = httpx
         key = api_key if api_key is not None else os.environ.get("RTINDEX_API_KEY")

@@ -18,6 +18,7 @@ from rtindex.errors import (
     CorruptionError,
     IngestError,
     IngestWarning,
+    InvalidArgumentError,
     NotFoundError,
     ReadOnlyError,
     SchemaError,
@@ -90,9 +91,9 @@ ERRORS = ("warn", "report", "raise")
 def check_ingest_options(batch_size: int, errors: str) -> None:
     """ValueError for a batch size or an ``errors`` choice ingest cannot use."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+        raise InvalidArgumentError(f"batch_size must be a positive integer, not {batch_size!r}")
     if errors not in ERRORS:
-        raise ValueError(f"errors must be one of {', '.join(map(repr, ERRORS))}, not {errors!r}")
+        raise InvalidArgumentError(f"errors must be one of {', '.join(map(repr, ERRORS))}, not {errors!r}")
 
 
 def _shard_path(path: str, i: int) -> str:

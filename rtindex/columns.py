@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from rtindex import keys
 from rtindex._impl import gather as gather_parts
-from rtindex.errors import CorruptionError
+from rtindex.errors import CorruptionError, InvalidArgumentError
 
 ARROW_TYPES = {
     keys.NULL: pa.bool_(),  # true where the field is JSON null
@@ -53,16 +53,17 @@ def check_batch(names, arrays) -> tuple[list[str], list[pa.Array], int]:
     refuse alike and before anything is indexed."""
     names, arrays = list(names), list(arrays)
     if len(names) != len(arrays):
-        raise ValueError(f"add_columns got {len(names)} names and {len(arrays)} arrays: give one name per array")
+        raise InvalidArgumentError(f"add_columns got {len(names)} names and {len(arrays)} arrays: "
+                                   "give one name per array")
     if not arrays:
-        raise ValueError("add_columns needs at least one column (the rows are as long as the arrays)")
+        raise InvalidArgumentError("add_columns needs at least one column (the rows are as long as the arrays)")
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"a column name must be a str, not {type(name).__name__}")
     names = [str.__str__(name) for name in names]  # an exact str, as a document's key would be
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise ValueError(f"column names must be unique: {', '.join(map(repr, twice))} more than once")
+        raise InvalidArgumentError(f"column names must be unique: {', '.join(map(repr, twice))} more than once")
     for name, arr in zip(names, arrays):
         if not isinstance(arr, pa.Array):
             raise TypeError(f"column {name!r} is a {type(arr).__name__}, not a pyarrow Array "
@@ -74,7 +75,7 @@ def check_batch(names, arrays) -> tuple[list[str], list[pa.Array], int]:
     n = len(arrays[0])
     for name, arr in zip(names, arrays):
         if len(arr) != n:
-            raise ValueError(f"columns of unequal lengths: {names[0]!r} has {n} rows, {name!r} {len(arr)}")
+            raise InvalidArgumentError(f"columns of unequal lengths: {names[0]!r} has {n} rows, {name!r} {len(arr)}")
     return names, arrays, n
 
 

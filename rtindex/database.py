@@ -38,6 +38,7 @@ from rtindex.errors import (
     AlreadyExistsError,
     ClosedError,
     CorruptionError,
+    InvalidArgumentError,
     LockedError,
     NotADatabaseError,
     NotFoundError,
@@ -266,22 +267,23 @@ class Database:
                  reader_grace_seconds: float = 30.0, max_result_bytes: int | None = MAX_RESULT_BYTES):
         self.path = os.path.abspath(path)
         if role not in ("writer", "reader"):
-            raise ValueError(f"role must be 'writer' or 'reader', not {role!r}")
+            raise InvalidArgumentError(f"role must be 'writer' or 'reader', not {role!r}")
         if isinstance(reader_grace_seconds, bool) or not isinstance(reader_grace_seconds, (int, float)) \
                 or not reader_grace_seconds >= 0:
-            raise ValueError(f"reader_grace_seconds must be a number >= 0, not {reader_grace_seconds!r}")
+            raise InvalidArgumentError(f"reader_grace_seconds must be a number >= 0, not {reader_grace_seconds!r}")
         self.role = role
         # everything is checked before anything is written: a wrong path or a bad option
         # must leave the directory exactly as it was
         if max_depth < 1 or max_document_bytes < 16 or seal_rows < 1 or merge_factor < 2:
-            raise ValueError("max_depth, max_document_bytes, seal_rows and merge_factor must be positive "
-                             "(merge_factor at least 2)")
+            raise InvalidArgumentError("max_depth, max_document_bytes, seal_rows and merge_factor must be positive "
+                                       "(merge_factor at least 2)")
         for name, value in (("row_cache_bytes", row_cache_bytes), ("column_cache_bytes", column_cache_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int (0 turns the cache off), not {value!r}")
+                raise InvalidArgumentError(f"{name} must be a non-negative int (0 turns the cache off), not {value!r}")
         if max_result_bytes is not None and (isinstance(max_result_bytes, bool) or not isinstance(max_result_bytes, int)
                                              or max_result_bytes < 1):
-            raise ValueError(f"max_result_bytes must be a positive int, or None for no limit, not {max_result_bytes!r}")
+            raise InvalidArgumentError(f"max_result_bytes must be a positive int, or None for no limit, "
+                                       f"not {max_result_bytes!r}")
         kind = _inspect_directory(self.path, create and role == "writer")
         self.sync = sync
         self._limits = Limits(max_document_bytes=max_document_bytes, max_depth=max_depth)
@@ -408,16 +410,16 @@ class Database:
         collections it made with ``{"created_by": "rtindex demo"}``)."""
         self._check_writable()
         if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > MAX_NAME:
-            raise ValueError(f"invalid collection name {name!r}: use letters, digits, _ and -, starting with a "
-                             "letter or _ (at most 128 characters), optionally after a workspace and a dot, "
-                             f"named by the same rules (workspace.collection, at most {MAX_NAME} characters "
-                             "in all)")
+            raise InvalidArgumentError(f"invalid collection name {name!r}: use letters, digits, _ and -, starting "
+                                       "with a letter or _ (at most 128 characters), optionally after a workspace "
+                                       "and a dot, named by the same rules (workspace.collection, at most "
+                                       f"{MAX_NAME} characters in all)")
         if collection_name(None, name) != name:
             short = collection_name(None, name)
-            raise ValueError(f"invalid collection name {name!r}: {DEFAULT_WORKSPACE} is the default workspace; "
-                             f"create the collection as {short!r} (queries may still say {name})")
+            raise InvalidArgumentError(f"invalid collection name {name!r}: {DEFAULT_WORKSPACE} is the default "
+                                       f"workspace; create the collection as {short!r} (queries may still say {name})")
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
-            raise ValueError(f"shards must be an integer from 1 to {MAX_SHARDS}, not {shards!r}")
+            raise InvalidArgumentError(f"shards must be an integer from 1 to {MAX_SHARDS}, not {shards!r}")
         with self._lock:
             if name in self._collections:
                 if exist_ok:
@@ -499,7 +501,8 @@ class Database:
         self._check()
         if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float))
                                        or not timeout_ms > 0):
-            raise ValueError(f"timeout_ms must be a positive number of milliseconds or None, not {timeout_ms!r}")
+            raise InvalidArgumentError(f"timeout_ms must be a positive number of milliseconds or None, "
+                                       f"not {timeout_ms!r}")
         return self._sql.sql(sql, params, access, timeout_ms)
 
     def try_point(self, sql: str, params: Any = None, *, max_rows: int = 64) -> Result | None:

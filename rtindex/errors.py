@@ -36,6 +36,11 @@ class NotADatabaseError(RtindexError, ValueError):
     """
 
 
+class InvalidArgumentError(RtindexError, ValueError):
+    """An argument rtindex refuses: a collection name, a number of shards, an option of
+    ``open()``, a time limit, a format. The message says what to give instead."""
+
+
 class ReadOnlyError(RtindexError):
     """A write through a database opened with ``role="reader"``: write through the writer."""
 

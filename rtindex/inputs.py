@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rtindex.documents import Line, array_values, json_value, parse_input, parse_lines
-from rtindex.errors import SchemaError
+from rtindex.errors import InvalidArgumentError, SchemaError
 
 _BOM = "\ufeff".encode()
 # file name ending -> format; the JSON ones may also end in .gz
@@ -85,8 +85,8 @@ def open_input(docs: Any, batch_size: int, json_path: str | None = None) -> Inpu
             return Input(parse_input(docs), json_text=True)
         if os.path.isfile(docs):
             return open_file(docs, batch_size)
-        raise ValueError(f"ingest() got a str that is neither JSON text (which starts with [ or {{) nor "
-                         f"the path of a file: {docs[:100]!r}")
+        raise InvalidArgumentError(f"ingest() got a str that is neither JSON text (which starts with [ or {{) nor "
+                                   f"the path of a file: {docs[:100]!r}")
     if isinstance(docs, os.PathLike):
         return open_file(docs, batch_size)
     if isinstance(docs, dict):
@@ -118,19 +118,20 @@ def open_input(docs: Any, batch_size: int, json_path: str | None = None) -> Inpu
 def _at_json_path(docs: Any, json_path: str, batch_size: int) -> Input:
     """The documents of the array at ``json_path`` in one JSON document, read whole."""
     if not isinstance(json_path, str) or not json_path or any(not k for k in json_path.split(".")):
-        raise ValueError(f"json_path is the dotted path of an array in the JSON document, such as "
-                         f"'statuses' or 'data.items', not {json_path!r}")
+        raise InvalidArgumentError(f"json_path is the dotted path of an array in the JSON document, such as "
+                                   f"'statuses' or 'data.items', not {json_path!r}")
     if isinstance(docs, (bytes, bytearray, memoryview, str)) and not (
             isinstance(docs, str) and docs.lstrip()[:1] not in ("[", "{") and os.path.isfile(docs)):
         text = bytes(docs) if not isinstance(docs, str) else docs
     elif isinstance(docs, (str, os.PathLike)):
         source = open_file(docs, batch_size)
         if source.unit != "B":
-            raise ValueError("json_path picks an array inside one JSON document: a .json file, not a Parquet one")
+            raise InvalidArgumentError("json_path picks an array inside one JSON document: a .json file, "
+                                       "not a Parquet one")
         with source:
             docs = [d for _, d in source.items]
         if len(docs) != 1:
-            raise ValueError(f"json_path picks an array inside one JSON document; the file holds {len(docs)}")
+            raise InvalidArgumentError(f"json_path picks an array inside one JSON document; the file holds {len(docs)}")
         return _elements_at(docs[0], json_path)
     elif hasattr(docs, "read"):
         text = docs.read()
@@ -140,7 +141,7 @@ def _at_json_path(docs: Any, json_path: str, batch_size: int) -> Input:
     try:
         whole = orjson.loads(text)
     except orjson.JSONDecodeError as e:
-        raise ValueError(f"json_path needs one JSON document, and this is not one: {e}") from None
+        raise InvalidArgumentError(f"json_path needs one JSON document, and this is not one: {e}") from None
     return _elements_at(whole, json_path)
 
 
@@ -149,16 +150,16 @@ def _elements_at(doc: Any, json_path: str) -> Input:
     if isinstance(value, Line):
         value = value.doc if value.doc is not None else orjson.loads(value.raw)
     if isinstance(value, SchemaError):
-        raise ValueError(f"json_path needs one JSON document, and this is not one: {value.message}")
+        raise InvalidArgumentError(f"json_path needs one JSON document, and this is not one: {value.message}")
     for key in json_path.split("."):
         if not isinstance(value, dict) or key not in value:
             where = ".".join(seen) or "the document"
             fields = ", ".join(map(repr, list(value)[:10])) if isinstance(value, dict) else "none: not an object"
-            raise ValueError(f"json_path={json_path!r}: {where} has no field {key!r} (its fields: {fields})")
+            raise InvalidArgumentError(f"json_path={json_path!r}: {where} has no field {key!r} (its fields: {fields})")
         value = value[key]
         seen.append(key)
     if not isinstance(value, list):
-        raise ValueError(f"json_path={json_path!r} holds a {type(value).__name__}, not an array of documents")
+        raise InvalidArgumentError(f"json_path={json_path!r} holds a {type(value).__name__}, not an array of documents")
     return Input(enumerate(value), total=len(value))
 
 
@@ -193,8 +194,8 @@ def open_file(path: str | os.PathLike, batch_size: int) -> Input:
     stem = name[:-3] if compressed else name
     fmt = next((f for ext, f in EXTENSIONS.items() if stem.endswith(ext)), None)
     if fmt is None or (compressed and fmt == "parquet"):
-        raise ValueError(f"cannot tell the format of {path!r} from its name: rtindex reads files ending "
-                         f"in {_SUPPORTED} (or pass an open file to ingest(), whose content is looked at)")
+        raise InvalidArgumentError(f"cannot tell the format of {path!r} from its name: rtindex reads files ending "
+                                   f"in {_SUPPORTED} (or pass an open file to ingest(), whose content is looked at)")
     size = os.path.getsize(path)  # FileNotFoundError naming the path, before anything is read
     source = Input(iter(()))
     if fmt == "parquet":
@@ -349,8 +350,8 @@ def _field_names(labels: list) -> list[str]:
     names = [label if isinstance(label, str) else str(label) for label in labels]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError(f"the table has more than one column named {', '.join(map(repr, twice))}: "
-                         f"rename them, a document has one field of a name")
+        raise InvalidArgumentError(f"the table has more than one column named {', '.join(map(repr, twice))}: "
+                                   f"rename them, a document has one field of a name")
     return names
 
 

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 
 import orjson
 
+import rtindex
+
 ROLES = ("read", "write", "admin")
 KEYS_DIR = "_server"
 KEYS_FILE = "api_keys.json"
@@ -109,7 +111,7 @@ class KeyStore:
     def _add(self, keys: list[dict], role: str, name: str) -> tuple[str, dict]:
         """Add a key to ``keys`` (read under the lock, which the caller holds) and write them."""
         if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+            raise rtindex.InvalidArgumentError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
         key = "rtk_" + secrets.token_urlsafe(32)
         entry = {"id": "k_" + secrets.token_hex(6), "name": str(name)[:200], "role": role,
                  "created": int(time.time()), "hash": _hash(key)}

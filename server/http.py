@@ -55,8 +55,11 @@ ERRORS: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (rtindex.StorageError, 503, "StorageError", None),
     # a document that cannot be stored, a fence no writer made, and the arguments that
     # rtindex and the key store refuse (an invalid collection name or role): their
-    # messages are written for users
-    (ValueError, 400, "BadRequest", None),
+    # messages are written for users (any other ValueError is the server's own failure)
+    (rtindex.SchemaError, 400, "BadRequest", None),
+    (rtindex.IngestError, 400, "BadRequest", None),
+    (rtindex.FenceError, 400, "BadRequest", None),
+    (rtindex.InvalidArgumentError, 400, "BadRequest", None),
 )
 
 

@@ -12,6 +12,7 @@ import re
 
 import httpx
 import pytest
+from starlette.requests import ClientDisconnect
 from starlette.routing import Mount, compile_path
 
 import rtindex
@@ -100,11 +101,14 @@ def test_one_table_answers_exceptions():
              (rtindex.SchemaError("not a document"), 400, "BadRequest"),
              (rtindex.FenceError("not a fence"), 400, "BadRequest"),
              (rtindex.StorageError("disk full"), 503, "StorageError"),
-             (ValueError("role must be one of read, write, admin"), 400, "BadRequest")]
+             (rtindex.InvalidArgumentError("role must be one of read, write, admin"), 400, "BadRequest"),
+             (rtindex.IngestError("no document was stored", None), 400, "BadRequest"),
+             (ClientDisconnect(), 499, "ClientClosedRequest")]
     for e, status, type_ in cases:
         err = error_for(e)
         assert (err.status, err.type, err.message) == (status, type_, str(e))
-    assert error_for(RuntimeError("a bug")) is None and error_for(KeyError("k")) is None
+    for bug in (RuntimeError("a bug"), KeyError("k"), ValueError("unknown type tag 9"), TypeError("t")):
+        assert error_for(bug) is None, bug  # the server's own failure: a 500, its text not shown
     own = HttpError(429, "TooManyRequests", "later")
     assert error_for(own) is own
 
