@@ -55,6 +55,31 @@ def scan_frame(plan: Plan, duck: Callable[[], DuckEngine]) -> tuple[pa.Table, di
     return res.arrow(), run.frame_types
 
 
+def fetch_in_steps(snap, rows, limit: int | None = None, offset: int = 0, copy: bool = True,
+                   charge: list[int] | None = None) -> list[dict]:
+    """``snap.fetch`` of ``rows``, with the query's time limit checked on the way: rows the
+    row cache does not hold are read and decoded one at a time, the slow part of the index
+    path. A first FETCH_PROBE_ROWS show how slow; the rest comes in steps of about
+    FETCH_STEP_SECONDS (each step costs a pass over the row set, so rows that come fast come
+    in few steps; a step is at most 4 times the one before, whose rows may all have been
+    cached when the next ones are not)."""
+    total = max(0, len(rows) - offset)
+    total = total if limit is None else min(total, limit)
+    out: list[dict] = []
+    step = FETCH_PROBE_ROWS
+    while len(out) < total:
+        if out:
+            check_time_limit()
+        t0 = time.perf_counter()
+        got = snap.fetch(rows, min(step, total - len(out)), offset=offset + len(out), copy=copy, charge=charge)
+        if not got:
+            break
+        out += got
+        per_row = (time.perf_counter() - t0) / len(got)
+        step = min(4 * step, max(FETCH_PROBE_ROWS, int(FETCH_STEP_SECONDS / per_row) if per_row > 0 else total))
+    return out
+
+
 class _Run:
     """One execution of a plan: what it reads and measures on the way."""
 
@@ -213,28 +238,7 @@ class _Run:
 
     def fetch(self, limit: int | None = None, offset: int = 0, copy: bool = True,
               charge: list[int] | None = None) -> list[dict]:
-        """``snap.fetch`` of the plan's rows, with the query's time limit checked on the way:
-        rows the row cache does not hold are read and decoded one at a time, the slow part of
-        the index path. A first FETCH_PROBE_ROWS show how slow; the rest comes in steps of
-        about FETCH_STEP_SECONDS (each step costs a pass over the row set, so rows that come
-        fast come in few steps; a step is at most 4 times the one before, whose rows may all have
-        been cached when the next ones are not)."""
-        total = max(0, len(self.rows) - offset)
-        total = total if limit is None else min(total, limit)
-        out: list[dict] = []
-        step = FETCH_PROBE_ROWS
-        while len(out) < total:
-            if out:
-                check_time_limit()
-            t0 = time.perf_counter()
-            got = self.snap.fetch(self.rows, min(step, total - len(out)), offset=offset + len(out), copy=copy,
-                                  charge=charge)
-            if not got:
-                break
-            out += got
-            per_row = (time.perf_counter() - t0) / len(got)
-            step = min(4 * step, max(FETCH_PROBE_ROWS, int(FETCH_STEP_SECONDS / per_row) if per_row > 0 else total))
-        return out
+        return fetch_in_steps(self.snap, self.rows, limit, offset, copy, charge)
 
     def frame(self, docs: list[dict]) -> pa.Table:
         """The table DuckDB reads on the index path: the fields the query uses (with the shadow

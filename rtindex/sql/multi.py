@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rtindex.duck import DuckEngine, OutputTooLarge
+from rtindex.duck import DuckEngine, OutputTooLarge, check_time_limit
 from rtindex.errors import ResultTooLargeError
 from rtindex.sql import frames, messages, planner, typed
 from rtindex.sql import predicates as P
-from rtindex.sql.executor import scan_frame
+from rtindex.sql.executor import fetch_in_steps, scan_frame
 from rtindex.sql.plan import Plan
 from rtindex.sql.result import Result
 from rtindex.sql.sources import MultiQuery, Reference, Source
@@ -100,7 +100,7 @@ def _frame(plan: Plan, src: Source, duck: Callable[[], DuckEngine]) -> pa.Table:
         return table.cast(pa.schema([f.with_type(pa.large_string()) if frame_types.get(f.name) == typed.MIXED_TEXT
                                      else f for f in table.schema]))
     snap, rows, q = plan.snapshot, plan.rows, plan.query
-    docs = snap.fetch(rows, copy=False)  # shared, read-only: only read into Arrow
+    docs = fetch_in_steps(snap, rows, copy=False)  # shared, read-only: only read into Arrow
     paths: dict[tuple[str, ...], str] = {}
     if src.star:  # every top-level field, in order of first appearance (as SELECT * shows them)
         for d in docs:
@@ -110,6 +110,7 @@ def _frame(plan: Plan, src: Source, duck: Callable[[], DuckEngine]) -> pa.Table:
         paths.setdefault(path, name)
     named: list[tuple[str, pa.Array]] = []
     for path, name in paths.items():
+        check_time_limit()  # a field of many rows is a step of its own
         vals = frames.values(docs, path)
         named.extend(typed.with_shadows(name, vals, frames.column(vals, path), plan.compared))
     names, cols = [n for n, _ in named], [c for _, c in named]
