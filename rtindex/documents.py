@@ -54,7 +54,10 @@ class ItemError:
 def encode_id(doc_id: Any) -> bytes:
     """The ``ids`` key of an ``_id``: strings and integers never collide."""
     if isinstance(doc_id, str):
-        raw = keys.encode_string(doc_id)
+        try:
+            raw = keys.encode_string(doc_id)
+        except UnicodeEncodeError:
+            raise SchemaError("_id is not valid UTF-8 (lone surrogate)", "$._id") from None
         if len(raw) > MAX_ID_BYTES:
             raise SchemaError(f"_id is longer than {MAX_ID_BYTES} bytes", "$._id")
         return keys.id_prefix(keys.STRING) + raw

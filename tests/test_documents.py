@@ -133,3 +133,20 @@ def test_a_line_over_max_document_bytes_is_refused_by_its_own_length():
     assert parsed.doc is None and parsed.raw == line  # a line is kept as text, not parsed
     with pytest.raises(SchemaError, match="max_document_bytes"):
         prepare(orjson.loads(parsed.raw), Limits(max_document_bytes=100), NOW, True, raw=parsed.raw)
+
+
+@pytest.mark.parametrize("doc_id", ["\ud800", "a\udfffb"])
+def test_an_id_that_is_not_utf8_is_a_schema_error(tmp_path, doc_id):
+    """A lone surrogate cannot be stored: the item's error (a 400 from the service), never a
+    UnicodeEncodeError, on every call that takes an ``_id``."""
+    import rtindex
+
+    with pytest.raises(SchemaError, match="_id is not valid UTF-8"):
+        documents.encode_id(doc_id)
+    with rtindex.open(tmp_path / "db") as db:
+        c = db.create_collection("c", shards=2)
+        st = c.ingest([{"_id": doc_id}, {"_id": "ok"}], errors="report")
+        assert [(e.index, e.path) for e in st.errors] == [(0, "$._id")] and len(c) == 1
+        for call in (c.get, c.delete, lambda i: c.patch(i, [])):
+            with pytest.raises(SchemaError, match="_id is not valid UTF-8"):
+                call(doc_id)
