@@ -256,6 +256,31 @@ class _WriterLock:
             os.close(fd)  # closing the only descriptor releases the flock
 
 
+
+READER_DIR = "rtindex-reader-"  # then the reader's process id, a dash, and mkdtemp's letters
+
+
+def _reader_dir() -> str:
+    """A new directory for a reader's RocksDB secondaries' own files. close() removes it; a
+    reader killed first cannot, so the directories of readers whose process is gone are
+    removed here."""
+    tmp = tempfile.gettempdir()
+    for entry in os.listdir(tmp):
+        pid = entry[len(READER_DIR):].split("-")[0] if entry.startswith(READER_DIR) else ""
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{READER_DIR}{os.getpid()}-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
 class Database:
     """An open rtindex database. Use :func:`rtindex.open`; close it (or use ``with``)."""
 
@@ -333,7 +358,7 @@ class Database:
     def _open_reader(self) -> None:
         """A live read replica: every collection's shards opened as RocksDB secondaries, and a
         thread that keeps them caught up with the writer (rtindex/follower.py)."""
-        self._runtime.secondary_root = tempfile.mkdtemp(prefix="rtindex-reader-")
+        self._runtime.secondary_root = _reader_dir()
         self._runtime.wake = Wake(os.path.join(self.path, COLLECTIONS_DIR, WAKE_FILE), False)
         try:
             self._follower = Follower(self)

@@ -315,3 +315,27 @@ def test_a_query_past_timeout_ms_stops(tmp_path):
         for bad in (0, -5, "100", True):
             with pytest.raises(ValueError, match="timeout_ms"):
                 db.sql("SELECT 1 AS x FROM c", timeout_ms=bad)
+
+
+def test_a_reader_removes_what_killed_readers_left(tmp_path, monkeypatch):
+    """A reader's directory for its secondaries is named with its process id: the next reader
+    removes those of processes that are gone, and keeps a live one's."""
+    import tempfile
+
+    from rtindex import database
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.makedirs(tempfile.tempdir)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = tmp_path / "tmp" / f"{database.READER_DIR}{gone.pid}-x1"
+    alive = tmp_path / "tmp" / f"{database.READER_DIR}{os.getpid()}-x2"
+    other = tmp_path / "tmp" / "unrelated-dir"
+    for d in (left, alive, other):
+        (d / "shard").mkdir(parents=True)
+    rtindex.open(tmp_path / "db").close()
+    with rtindex.open(tmp_path / "db", role="reader"):
+        mine = [e for e in os.listdir(tempfile.tempdir) if e.startswith(database.READER_DIR)]
+        assert not left.exists() and alive.exists() and other.exists()
+        assert len(mine) == 2  # the live one's, and this reader's
+    assert sorted(os.listdir(tempfile.tempdir)) == sorted([alive.name, other.name])
