@@ -488,9 +488,11 @@ class Database:
     def _find(self, name: str) -> Collection | None:
         """The open collection of that name. A reader asked for one it has not followed
         yet, but which the writer made (its manifest is there), opens it now instead of
-        waiting for the follower's next pass: "create, then query at once" works."""
+        waiting for the follower's next pass: "create, then query at once" works. (Only a
+        valid name is looked for on disk: no other can be there, nor name a path elsewhere.)"""
         coll = self._collections.get(name)
-        if coll is None and self._follower is not None and self._created_on_disk(name) is not None:
+        if coll is None and self._follower is not None and _NAME.fullmatch(name) \
+                and self._created_on_disk(name) is not None:
             self._follower.sync_collections()
             coll = self._collections.get(name)
         return coll

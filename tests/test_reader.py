@@ -847,3 +847,18 @@ def test_a_reader_process_stopped_while_its_wal_files_went(tmp_path, rand):
             p.kill()
             p.wait(10)
         w.close()
+
+
+def test_a_reader_asked_for_an_invalid_name_does_not_look_on_disk(tmp_path):
+    """A name no collection can have (a NUL byte, a path) is "no collection" on a reader, as
+    on the writer: it is never looked up as a path (a NUL made it a ValueError, a 500 from
+    the service; "../x" would read a manifest outside the database)."""
+    with rtindex.open(tmp_path / "db") as w:
+        w.create_collection("c").ingest([{"_id": 1}])
+        (tmp_path / "x").mkdir()
+        with rtindex.open(tmp_path / "db", role="reader") as r:
+            for name in ("a\x00b", "\x00", "../c", "../../x", "c/"):
+                assert name not in r
+                with pytest.raises(rtindex.SqlError, match="no collection"):
+                    r.sql(f'SELECT COUNT(*) AS n FROM "{name}"')
+            assert r.sql("SELECT COUNT(*) AS n FROM c").rows() == [{"n": 1}]
