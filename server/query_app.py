@@ -162,12 +162,15 @@ class QueryService:
         """Exit this process if the query of ``fut`` still runs RUNAWAY_SECONDS from now."""
         async def watch() -> None:
             await asyncio.wait([fut], timeout=RUNAWAY_SECONDS)
-            if not fut.done():
-                log.error("rtindex serve: a query still runs %.0f s after its timeout_ms=%d and cannot be "
-                          "interrupted: query process %d exits (the supervisor starts another)",
-                          RUNAWAY_SECONDS, timeout_ms, os.getpid())
-                logging.shutdown()
-                os._exit(RUNAWAY_EXIT)
+            if fut.done():
+                if not fut.cancelled():
+                    fut.exception()  # (answered 408 already: retrieved, so that asyncio does not log it)
+                return
+            log.error("rtindex serve: a query still runs %.0f s after its timeout_ms=%d and cannot be "
+                      "interrupted: query process %d exits (the supervisor starts another)",
+                      RUNAWAY_SECONDS, timeout_ms, os.getpid())
+            logging.shutdown()
+            os._exit(RUNAWAY_EXIT)
         task = asyncio.get_running_loop().create_task(watch())
         self._watches.add(task)
         task.add_done_callback(self._watches.discard)

@@ -188,8 +188,9 @@ def test_a_long_flood_leaves_the_service_answering(served):
 
 @pytest.mark.slow
 def test_a_query_no_interrupt_reaches_restarts_its_process(tmp_path):
-    """One batch of 2,000 rows, each scanning a 2 MB text: DuckDB cannot stop it within the
-    batch, so the query process exits RUNAWAY_SECONDS after the 408 and another takes over."""
+    """One batch of 2,000 rows, each scanning an 8 MB text (tens of seconds on a fast core):
+    DuckDB cannot stop it within the batch, so the query process exits RUNAWAY_SECONDS
+    after the 408 and another takes over."""
     s = Served(str(tmp_path / "db"))
     try:
         with s.client() as c:
@@ -199,7 +200,8 @@ def test_a_query_no_interrupt_reaches_restarts_its_process(tmp_path):
             r = c.post("/v1/query", json={"sql": "SELECT COUNT(*) AS n FROM r", "min_fence": fence})
             assert r.status_code == 200, r.text
             pid = s.children()["query"][0]
-            sql = "SELECT COUNT(*) AS n FROM r WHERE regexp_matches(repeat('ab', 500000) || repeat('ba', 500000), pat)"
+            text = " || ".join(["repeat('ab', 500000) || repeat('ba', 500000)"] * 4)  # 8 MB a row
+            sql = f"SELECT COUNT(*) AS n FROM r WHERE regexp_matches({text}, pat)"
             t0 = time.monotonic()
             r = c.post("/v1/query", json={"sql": sql, "timeout_ms": 500})
             assert r.status_code == 408, r.text
