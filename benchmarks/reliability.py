@@ -58,7 +58,7 @@ def table(records: list[dict], results: dict[str, str]) -> list[str]:
         seen.add(r["test"])
         found = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in r.items()
                           if k not in ("test", "what", "cases", "unit", "failures"))
-        result = results.get(r["test"], "passed")
+        result = results.get(r["test"], "not found in pytest's results")
         verdict = "passed" if result == "passed" and r["failures"] == 0 else f"**{result}**, {r['failures']} failing"
         rows.append(f"| `{r['test']}` | {r['what']} | {r['cases']:,} {r['unit']} | {found or '-'} | {verdict} |")
     for name, result in sorted(results.items()):

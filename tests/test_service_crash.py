@@ -782,7 +782,7 @@ def test_a_write_cut_off_with_its_query_process_is_not_stored_after_a_newer_one(
                 time.sleep(0.05)
             got = c.post("/v1/query", json={"sql": "SELECT v FROM c WHERE _id = :id", "parameters": {"id": n - 1},
                                             "min_fence": r.json()["fence"]}).json()["rows"]
-        record("test_service_crash.py::test_a_write_cut_off_with_its_query_process_is_not_stored_after_a_newer_one",
+        record("tests/test_service_crash.py::test_a_write_cut_off_with_its_query_process_is_not_stored_after_a_newer_one",
                "a write whose query process was killed is not stored over a newer acknowledged one", 1,
                "kills", int(got != [{"v": 2}]), documents=n, stored_when_the_newer_was_acknowledged=stored_before)
         assert got == [{"v": 2}], (
@@ -799,12 +799,12 @@ def _run(tmp_path, rand, test: str, plan: dict) -> None:
 
 
 def test_service_survives_kills(tmp_path, rand):
-    _run(tmp_path, rand, "test_service_crash.py::test_service_survives_kills",
+    _run(tmp_path, rand, "tests/test_service_crash.py::test_service_survives_kills",
          {"ingest": 2, "starting": 1, "seal": 1, "query": 1})
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_service_survives_kills_long(tmp_path, rand):
-    _run(tmp_path, rand, "test_service_crash.py::test_service_survives_kills_long",
+    _run(tmp_path, rand, "tests/test_service_crash.py::test_service_survives_kills_long",
          {"ingest": 85, "starting": 8, "seal": 6, "merge": 6, "query": 4})
