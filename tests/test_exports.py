@@ -6,7 +6,7 @@ import rtindex
 def test_public_names_are_pinned():
     assert sorted(rtindex.__all__) == [
         "AccessDeniedError", "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "FenceError", "IngestError", "IngestStats",
-        "IngestWarning", "ItemError", "LockedError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "QueryTimeoutError", "ReadOnlyError", "Result", "ResultTooLargeError", "RtindexError", "SchemaError",
+        "IngestWarning", "InvalidArgumentError", "ItemError", "LockedError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "QueryTimeoutError", "ReadOnlyError", "Result", "ResultTooLargeError", "RtindexError", "SchemaError",
         "Snapshot", "SqlError", "StorageError", "UnsupportedSqlError", "connect", "documents_of", "open",
     ]
     for name in rtindex.__all__:
@@ -21,6 +21,7 @@ def test_errors_inherit_the_builtins_they_mean():
     assert issubclass(rtindex.CorruptionError, rtindex.StorageError)
     assert issubclass(rtindex.AccessDeniedError, PermissionError)
     assert issubclass(rtindex.IngestError, ValueError) and issubclass(rtindex.IngestWarning, UserWarning)
+    assert issubclass(rtindex.InvalidArgumentError, ValueError)
     for name in ("StorageError", "ClosedError", "NotFoundError", "SchemaError", "OverloadedError",
                  "AccessDeniedError", "IngestError"):
         assert issubclass(getattr(rtindex, name), rtindex.RtindexError)
