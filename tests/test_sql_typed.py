@@ -173,3 +173,14 @@ def test_a_text_made_for_duckdb_that_does_not_read_back_is_a_sql_error():
 
     with pytest.raises(rtindex.SqlError, match="not carried over to DuckDB correctly"):
         typed.compared('SELECT 0.x AS "y" FROM "frame"')
+
+
+@pytest.mark.parametrize("sql", ["SELECT * FROM (SELECT k, s x) q WHERE q.k = 1",
+                                 "SELECT -1 FROM (SELECT k, s -1 x) q WHERE q.k = 1"])
+def test_a_derived_table_whose_columns_name_itself_is_an_error_not_a_recursion(tmp_path, sql):
+    """Columns of a derived table with no FROM of its own resolve to the derived table
+    itself: a SqlError (DuckDB's "FROM clause is missing"), never a RecursionError (a 500)."""
+    with rtindex.open(tmp_path / "db") as d:
+        d.create_collection("c").ingest([{"_id": 1, "k": 1, "s": "x"}])
+        with pytest.raises(rtindex.SqlError, match="FROM clause is missing"):
+            d.sql(sql)

@@ -255,8 +255,9 @@ class _Rewriter:
                     continue
                 query = item.this if isinstance(item, exp.Subquery) else self.cte(item)
                 if isinstance(query, exp.Select):
-                    if any(cte.this is query for cte in _ancestors(col, exp.CTE)):
-                        return None  # a CTE that reads itself
+                    if any(cte.this is query for cte in _ancestors(col, exp.CTE)) \
+                            or any(outer is query for outer in _ancestors(col, exp.Select)):
+                        return None  # a CTE that reads itself, or a derived table read from inside it
                     for out in query.expressions:
                         if out.alias_or_name == name and not isinstance(out, exp.Star):
                             return out.unalias()
