@@ -254,8 +254,12 @@ def found_docs(url: str, key: str, gen_ids: list[str]) -> dict[str, int]:
         fence = r.json()["fence"]
         out = {}
         for g in gen_ids:
-            r = c.post("/v1/query", json={"sql": f"SELECT COUNT(*) AS n FROM {COLL} WHERE generator_identifier = :g",
-                                          "parameters": {"g": g}, "min_fence": fence, "timeout_ms": 60_000})
+            for _ in range(60):  # a 429 says when to come back, as any client would
+                r = c.post("/v1/query", json={"sql": f"SELECT COUNT(*) AS n FROM {COLL} WHERE generator_identifier = :g",
+                                              "parameters": {"g": g}, "min_fence": fence, "timeout_ms": 60_000})
+                if r.status_code != 429:
+                    break
+                time.sleep(float(r.headers.get("retry-after", "1")))
             r.raise_for_status()
             out[g] = r.json()["rows"][0]["n"]
         return out

@@ -311,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queued-queries", type=int, default=None,
                    help="per query process (default: as many as --max-concurrent-queries)")
     p.add_argument("--queue-timeout-ms", type=int, default=1000, help="longest wait for a query slot (default 1000)")
+    p.add_argument("--max-loop-lag-ms", type=float, default=1.0,
+                   help="refuse a share of queries while a query process's event loop runs this late "
+                        "(default 1; 0: never)")
     p.add_argument("--no-auth", action="store_true", help="no API keys (refused unless --host is a loopback address)")
     p.add_argument("--demo", action="store_true", help="load demo events into a collection 'demo_events' if it is missing")
     p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
@@ -375,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(ServerConfig(data=args.data, host=args.host, port=args.port, query_workers=args.query_workers,
                                   max_concurrent_queries=args.max_concurrent_queries,
                                   max_queued_queries=args.max_queued_queries, queue_timeout_ms=args.queue_timeout_ms,
+                                  max_loop_lag_ms=args.max_loop_lag_ms,
                                   auth=not args.no_auth, demo=args.demo, limits=limits))
     if args.command == "keys":
         return _keys(args, parser)

@@ -7,7 +7,8 @@ unparsed, to the ingest process. See docs/service.md for the picture.
 
 Modules: ``routes`` (the route table: role and process of each route), ``config``
 (options and limits), ``auth`` (API keys), ``admission`` (the
-query-admission ASGI layer), ``http`` (JSON replies and errors), ``metrics``,
+query-admission ASGI layer), ``shedding`` (refusals in the HTTP protocol, and the
+event-loop lag that sheds load), ``http`` (JSON replies and errors), ``metrics``,
 ``ingest_app`` and ``query_app`` (the two kinds of process), ``relay`` (query process ->
 ingest process), ``supervisor`` (starts, watches and stops them), ``worker`` (a child's
 entry point).

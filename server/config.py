@@ -34,6 +34,9 @@ class ServerConfig:
     # under overload waits about as long as one runs, not many times that (queue_depth)
     max_queued_queries: int | None = None
     queue_timeout_ms: int = 1_000  # a queued query that waits longer gets 429
+    # a share of queries is refused while the query process's event loop runs this late
+    # (server/shedding.py LoopLag); 0: never
+    max_loop_lag_ms: float = 1.0
     # seconds an idle keep-alive connection stays open: longer than common clients keep idle
     # connections in their pools (Go's net/http among them), so the client closes first and
     # never sends a request on a connection the server is closing at that moment
@@ -68,6 +71,8 @@ class ServerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.max_queued_queries is not None and self.max_queued_queries < 0:
             raise ValueError("--max-queued-queries must be 0 or more")
+        if not self.max_loop_lag_ms >= 0:
+            raise ValueError("--max-loop-lag-ms must be 0 (off) or more")
         if not self.auth and not is_loopback(self.host):
             raise ValueError(f"--no-auth is only allowed on a loopback address (127.0.0.1, ::1, localhost), "
                              f"not on {self.host!r}: anyone who can reach it could read and write everything")

@@ -2,6 +2,8 @@
 
 Layers, outermost first (all pure ASGI but the last):
 
+0. Below ASGI, in the HTTP protocol (server/shedding.py), ``Front.shed`` refuses a query
+   with a valid key while admission is full, before any task exists.
 1. ``Front``: API keys and roles for every route, per-route metrics, and the lean path:
    the query routes go straight to ``QueryService`` instead of through FastAPI's
    routing, validation and serialization (docs/service.md has the measurement).
@@ -42,6 +44,7 @@ from .http import (ARROW_STREAM, ERRORS, HttpError, error_for, error_response, h
 from .ingest_app import stored_doc
 from .relay import Relay
 from .routes import DOCS_ASSETS, OPEN_PATHS, required_role
+from .shedding import LoopLag
 
 log = logging.getLogger("rtindex.server")
 
@@ -245,7 +248,8 @@ def _rockset_value(p: dict) -> Any:
 class Front:
     """Keys, metrics and the lean query path, in front of everything (see the module doc)."""
 
-    def __init__(self, app, service: QueryService, keys: KeyStore, config: ServerConfig, *, lean: bool = True):
+    def __init__(self, app, service: QueryService, keys: KeyStore, config: ServerConfig, lag: LoopLag, *,
+                 lean: bool = True):
         self.app = app
         self.service = service
         self.keys = keys
@@ -254,8 +258,29 @@ class Front:
         # one admission control for the query routes, lean or through FastAPI
         self.admitted = Admission(self._route, QUERY_PATHS, config.max_concurrent_queries,
                                   config.queue_depth, config.queue_timeout_ms / 1000.0,
-                                  metrics.AdmissionGauges())
-        self._counted: dict[tuple[str, int], tuple] = {}  # (route, status) -> its two metrics
+                                  metrics.AdmissionGauges(), lag)
+        self._counted: dict[tuple[str, int], Any] = {}  # (route, status) -> its request counter
+        self._latencies: dict[str, Any] = {}  # route -> its latency histogram
+        # for shed(): each query route's path as the parser sees it, with the role it needs
+        self._shed_needs = {p.encode(): required_role("POST", p) for p in QUERY_PATHS}
+
+    def shed(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+        """server/shedding.py's gate: the 429 for a query with a valid key that admission
+        refuses now, else None (the request is answered, or refused, by the ASGI path)."""
+        need = self._shed_needs.get(path)
+        if need is None or method != b"POST":
+            return None
+        refusal = self.admitted.refusal_now()
+        if refusal is None:
+            return None
+        if self.auth:
+            key = key_from_headers(headers)
+            role = self.keys.role_of(key) if key else None
+            if role is None or not role_allows(role, need):
+                return None
+        self.admitted.count_refusal()
+        self._count(path.decode(), 429).inc()
+        return refusal.raw
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -293,12 +318,20 @@ class Front:
             route = scope.get("route")
             label = path if path in QUERY_PATHS or path in OPEN_PATHS else (
                 route.path if route is not None else "unmatched")
-            counted = self._counted.get((label, status))
-            if counted is None:  # labels() checks and looks up its values: once per route and status
-                counted = self._counted[(label, status)] = (metrics.REQUESTS.labels(label, str(status)),
-                                                            metrics.LATENCY.labels(label))
-            counted[0].inc()
-            counted[1].observe(time.perf_counter() - t0)
+            self._count(label, status).inc()
+            self._latency(label).observe(time.perf_counter() - t0)
+
+    def _count(self, label: str, status: int):
+        counted = self._counted.get((label, status))
+        if counted is None:  # labels() checks and looks up its values: once per route and status
+            counted = self._counted[(label, status)] = metrics.REQUESTS.labels(label, str(status))
+        return counted
+
+    def _latency(self, label: str):
+        observed = self._latencies.get(label)
+        if observed is None:
+            observed = self._latencies[label] = metrics.LATENCY.labels(label)
+        return observed
 
     async def _route(self, scope, receive, send):
         if self.lean and scope["method"] == "POST" and scope["path"] in QUERY_PATHS:
@@ -335,11 +368,14 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
     svc = QueryService(db, config)
     keys = KeyStore(config.data)
     relay = Relay(config.ingest_socket, config.limits.max_body_bytes)
+    lag = LoopLag(config.max_loop_lag_ms / 1000.0)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         task = asyncio.create_task(metrics.sample_forever(db))
+        lag.start()
         yield
+        lag.stop()
         task.cancel()
         await relay.aclose()
         svc.pool.shutdown(wait=True)
@@ -492,4 +528,4 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
         return app.openapi_schema
 
     app.openapi = openapi
-    return Front(app, svc, keys, config, lean=lean)
+    return Front(app, svc, keys, config, lag, lean=lean)

@@ -95,8 +95,10 @@ def main(role: str) -> int:
         from . import query_app
 
         db = rtindex.open(config.data, role="reader", max_result_bytes=config.limits.max_result_bytes)
+        from .shedding import shedding_protocol
+
         app = query_app.build_app(db, config)
-        server = uvicorn.Server(uvicorn.Config(app, **common))
+        server = uvicorn.Server(uvicorn.Config(app, **{**common, "http": shedding_protocol(app)}))
         sockets = [socket.socket(fileno=int(os.environ["RTINDEX_LISTEN_FD"]))]
     else:
         print(f"unknown role {role!r}", file=sys.stderr)
