@@ -31,6 +31,8 @@ class LoopLag:
     runs it; when even the least late tick of a ``window`` is past ``target`` (a standing
     backlog, not one long query), the share of queries refused at once grows by ``step``;
     when it is not, the share shrinks by a quarter of that. ``target`` 0 turns this off.
+    The timer runs only while queries come: a window without one, and nothing refused,
+    stops it until the next.
     """
 
     def __init__(self, target: float, tick: float = 0.002, window: float = 0.02, step: float = 0.1):
@@ -44,20 +46,30 @@ class LoopLag:
         self._handle: asyncio.TimerHandle | None = None
         self._due = self._window_end = 0.0
         self._least = float("inf")
+        self._asked = False  # refuses() was called in this window
 
     def start(self) -> None:
         if self.target > 0:
             self._loop = asyncio.get_running_loop()
-            self._window_end = self._loop.time() + self.window
-            self._arm(self._loop.time())
+            self._begin()
 
     def stop(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._loop = None
 
     def refuses(self) -> bool:
+        self._asked = True
+        if self._handle is None and self._loop is not None:
+            self._begin()
         return self.share > 0.0 and random.random() < self.share
+
+    def _begin(self) -> None:
+        now = self._loop.time()
+        self._window_end = now + self.window
+        self._least = float("inf")
+        self._arm(now)
 
     def _arm(self, now: float) -> None:
         self._due = now + self.tick
@@ -74,6 +86,10 @@ class LoopLag:
                 self.share = max(0.0, self.share - self.step / 4)
             self._least = float("inf")
             self._window_end = now + self.window
+            if not self._asked and self.share == 0.0:
+                self._handle = None  # idle: refuses() starts it again
+                return
+            self._asked = False
         self._arm(now)
 
 

@@ -166,6 +166,19 @@ def test_loop_lag_sheds_while_the_loop_runs_behind_and_stops_after():
     assert _run_lag(0, 1.5, lag) == 0.0  # free again: the share decays to nothing
 
 
+def test_loop_lag_ticks_only_while_queries_come():
+    async def main():
+        lag = LoopLag(target=0.001)
+        lag.start()
+        await asyncio.sleep(0.1)
+        stopped = lag._handle is None  # a window without a query: no timer
+        lag.refuses()
+        restarted = lag._handle is not None
+        lag.stop()
+        return stopped, restarted
+    assert asyncio.run(main()) == (True, True)
+
+
 def test_loop_lag_off():
     lag = LoopLag(target=0.0)
     assert _run_lag(3, 0.2, lag) == 0.0
