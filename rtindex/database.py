@@ -8,7 +8,6 @@ per shard).
 
 from __future__ import annotations
 
-import builtins
 import errno
 import fcntl
 import os
@@ -20,13 +19,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
-
 from rtindex.background import Worker
 from rtindex.chunkcache import ChunkCache
 from rtindex.collection import Collection
 from rtindex.documents import Limits
 from rtindex.fence import Fence
+from rtindex.jsonfile import read_json, write_json_atomic
 from rtindex.follower import Follower
 from rtindex.notify import WAKE_FILE, Wake
 from rtindex.sql.result import Result
@@ -81,45 +79,6 @@ MAX_RESULT_BYTES = 256 << 20
 _CREATION_LEFTOVERS = frozenset({LOCK_FILE, MARKER + ".tmp"})
 
 
-def _write_json_atomic(path: str, obj: dict) -> None:
-    """Write ``obj`` to ``path`` so that a crash leaves the old file or the new one, whole.
-
-    The data is fsync'ed before the rename, and the directory after it, so the name that
-    appears always points at complete contents.
-    """
-    tmp = path + ".tmp"
-    try:
-        with builtins.open(tmp, "wb") as f:
-            f.write(orjson.dumps(obj))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError as e:
-        raise StorageError(f"cannot write {path}: {e}") from e
-
-
-def _read_json(path: str, what: str) -> dict:
-    """A JSON object from ``path``; CorruptionError naming the file if it is not one."""
-    try:
-        with builtins.open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise StorageError(f"cannot read {what} {path}: {e}") from e
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise CorruptionError(f"{what} {path} is not valid JSON ({e}); restore it from a backup") from e
-    if not isinstance(obj, dict):
-        raise CorruptionError(f"{what} {path} holds {type(obj).__name__}, not a JSON object; "
-                              "restore it from a backup")
-    return obj
-
-
 def _created(manifest: dict) -> int:
     """A manifest's creation stamp (ns); 0 for collections made before it was recorded."""
     created = manifest.get("created", 0)
@@ -130,7 +89,7 @@ def _read_manifest(path: str) -> dict:
     """The manifest of the collection at ``path``, checked: a damaged one is a
     CorruptionError naming the file, never a bare JSONDecodeError or KeyError."""
     file = os.path.join(path, MANIFEST)
-    manifest = _read_json(file, "collection manifest")
+    manifest = read_json(file, "collection manifest")
     shards = manifest.get("shards")
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
         raise CorruptionError(f"collection manifest {file} has shards={shards!r}, not an integer from 1 to "
@@ -162,7 +121,7 @@ def _inspect_directory(path: str, create: bool) -> str:
         raise NotADatabaseError(f"{path} is a file, not an rtindex database directory ({hint})")
     marker = os.path.join(path, MARKER)
     if os.path.exists(marker):
-        info = _read_json(marker, "database marker")
+        info = read_json(marker, "database marker")
         fmt = info.get("format")
         if isinstance(fmt, bool) or not isinstance(fmt, int):
             raise CorruptionError(f"database marker {marker} has format {fmt!r}, not an integer; "
@@ -346,7 +305,7 @@ class Database:
                     os.makedirs(os.path.join(self.path, COLLECTIONS_DIR), exist_ok=True)
                 except OSError as e:
                     raise StorageError(f"cannot create {self._coll_path('')}: {e}") from e
-                _write_json_atomic(os.path.join(self.path, MARKER),
+                write_json_atomic(os.path.join(self.path, MARKER),
                                    {"format": FORMAT, "created_by": f"rtindex {_version()}"})
             self._runtime.wake = Wake(os.path.join(self.path, COLLECTIONS_DIR, WAKE_FILE), True)
             for name in self._collections_on_disk():
@@ -462,7 +421,7 @@ class Database:
             created = time.time_ns()
             coll = Collection(self._runtime, name, path, shards, created=created, create=True)
             try:
-                _write_json_atomic(os.path.join(path, MANIFEST),
+                write_json_atomic(os.path.join(path, MANIFEST),
                                    {**(extra or {}), "shards": shards, "format": FORMAT, "created": created})
             except BaseException:
                 coll._close()
