@@ -57,3 +57,23 @@ def rand(request):
     """A random.Random whose repr (shown in failures) gives the seed to replay with RTINDEX_SEED."""
     seed = int(os.environ.get("RTINDEX_SEED", random.randrange(1 << 30)))
     return SeededRandom(seed)
+
+
+@pytest.fixture(scope="module")
+def kafka_broker(tmp_path_factory):
+    """A real Kafka broker for the module (tests/kafka_broker.py), stopped at its end;
+    skipped where it cannot run (no Java 17+)."""
+    from tests.kafka_broker import Broker, why_not
+
+    if why_not() is not None:
+        pytest.skip(why_not())
+    b = Broker(tmp_path_factory.mktemp("kafka"))
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def kafka(kafka_broker):
+    """The module's broker, started again if an earlier test left it down."""
+    return kafka_broker.start()
