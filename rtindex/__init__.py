@@ -33,6 +33,7 @@ from rtindex.errors import (
 )
 from rtindex.sql.result import Result
 from rtindex.snapshot import Postings, Snapshot
+from rtindex.sources import KafkaSource
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "IngestWarning",
     "InvalidArgumentError",
     "ItemError",
+    "KafkaSource",
     "LockedError",
     "NotADatabaseError",
     "ReadOnlyError",

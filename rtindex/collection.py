@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import pyarrow as pa
 from rtindex import columnar, documents, ingest
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import (
+    AlreadyExistsError,
     ClosedError,
     CorruptionError,
     IngestError,
@@ -24,12 +26,14 @@ from rtindex.errors import (
     SchemaError,
 )
 from rtindex.fence import Fence
+from rtindex.jsonfile import read_json, write_json_atomic
 from rtindex.inputs import Input, array_of_objects, open_file, open_input, slice_rows
 from rtindex.patch import apply_patch
 from rtindex.progress import CtrlC, Progress
 from rtindex.runtime import Runtime
 from rtindex.shard import Shard
 from rtindex.snapshot import Snapshot
+from rtindex.sources import KafkaSource, SourceRunner
 
 
 @dataclass
@@ -96,6 +100,9 @@ def check_ingest_options(batch_size: int, errors: str) -> None:
         raise InvalidArgumentError(f"errors must be one of {', '.join(map(repr, ERRORS))}, not {errors!r}")
 
 
+SOURCES_FILE = "sources.json"  # {name: {"source": its definition, "paused": bool}}
+
+
 def _shard_path(path: str, i: int) -> str:
     return os.path.join(path, f"shard-{i:03d}")
 
@@ -154,6 +161,11 @@ class Collection:
             for s in self._shards:
                 s.close()
             raise
+        self._sources_lock = threading.Lock()
+        self._runners: dict[str, SourceRunner] = {}
+        if not runtime.reader:
+            for name, entry in self._source_definitions().items():
+                self._run_source(KafkaSource.from_definition(entry["source"]), entry.get("paused", False))
 
     def __repr__(self) -> str:
         return f"<rtindex.Collection {self.name!r} shards={self.n_shards}>"
@@ -420,6 +432,94 @@ class Collection:
         self._generation = next(self._generations)
         self._snapshot = None
 
+    # -- sources (rtindex/sources.py) --------------------------------------------------
+    def add_source(self, source: KafkaSource, exist_ok: bool = False) -> dict:
+        """Consume ``source`` into this collection, exactly once, from now on: on a thread of
+        this process, and of every later writer of this database (the definition is kept in
+        the collection's directory). Returns its status (see :meth:`sources`).
+        ``exist_ok``: a source of that name and the same definition is no error."""
+        self._check_writable()
+        if not isinstance(source, KafkaSource):
+            raise InvalidArgumentError(f"add_source takes a rtindex.KafkaSource, not {type(source).__name__}")
+        source = source.checked(self.name)
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            raise InvalidArgumentError("a Kafka source needs confluent-kafka: pip install 'rtindex[kafka]'") from None
+        with self._sources_lock:
+            if source.name in self._runners:
+                if exist_ok and self._runners[source.name].source == source:
+                    return self._runners[source.name].status()
+                raise AlreadyExistsError(f"collection {self.name!r} already has a source named {source.name!r}")
+            self._save_source(source.name, {"source": source.definition(), "paused": False})
+            self._run_source(source, False)
+            return self._runners[source.name].status()
+
+    def sources(self) -> list[dict]:
+        """Each source's status: its definition, state (running, paused, waiting for topic,
+        broker unreachable, failed), messages, bytes, documents and errors so far, rates,
+        lag per partition (and ``caught_up``: every partition stored up to the end the
+        broker last reported), the offsets stored, and the most recent per-message errors
+        (all of them are in its ``error_log`` file)."""
+        self._check()
+        return [r.status() for r in self._runners.values()]
+
+    def source(self, name: str) -> dict:
+        """One source's status (see :meth:`sources`)."""
+        return self._runner(name).status()
+
+    def pause_source(self, name: str) -> dict:
+        """Stop consuming (the position is kept) until :meth:`resume_source`, across reopens."""
+        return self._set_paused(name, True)
+
+    def resume_source(self, name: str) -> dict:
+        """Consume again from where the paused source stopped."""
+        return self._set_paused(name, False)
+
+    def remove_source(self, name: str) -> None:
+        """Stop consuming and forget the source, its stored offsets included: a source added
+        again under that name starts where its ``start`` says."""
+        self._check_writable()
+        with self._sources_lock:
+            runner = self._runner(name)
+            runner.stop()
+            del self._runners[name]
+            self._save_source(name, None)
+            for shard in self._shards:
+                shard.drop_source(name)
+
+    def _runner(self, name: str) -> SourceRunner:
+        self._check()
+        runner = self._runners.get(name)
+        if runner is None:
+            raise NotFoundError(f"collection {self.name!r} has no source named {name!r}")
+        return runner
+
+    def _set_paused(self, name: str, paused: bool) -> dict:
+        self._check_writable()
+        with self._sources_lock:
+            runner = self._runner(name)
+            self._save_source(name, {"source": runner.source.definition(), "paused": paused})
+            runner.pause() if paused else runner.resume()
+            return runner.status()
+
+    def _source_definitions(self) -> dict:
+        path = os.path.join(self.path, SOURCES_FILE)
+        return read_json(path, "sources file") if os.path.exists(path) else {}
+
+    def _save_source(self, name: str, entry: dict | None) -> None:
+        defs = self._source_definitions()
+        if entry is None:
+            defs.pop(name, None)
+        else:
+            defs[name] = entry
+        write_json_atomic(os.path.join(self.path, SOURCES_FILE), defs)
+
+    def _run_source(self, source: KafkaSource, paused: bool) -> None:
+        runner = SourceRunner(self, source, paused)
+        self._runners[source.name] = runner
+        runner.start()
+
     def stats(self) -> dict:
         """Counts per shard: rows, sealed and in-memory segments, approximate disk bytes."""
         self._check()
@@ -436,11 +536,16 @@ class Collection:
             })
             if self._runtime.reader:
                 out[-1]["lag"] = s.lag()
-        return {"name": self.name, "documents": sum(x["documents"] for x in out), "shards": out}
+        got = {"name": self.name, "documents": sum(x["documents"] for x in out), "shards": out}
+        if self._runners:
+            got["sources"] = self.sources()
+        return got
 
     def _close(self) -> None:
         if self._closed:
             return
+        for runner in list(self._runners.values()):
+            runner.stop()
         try:
             if not self._runtime.reader:
                 for s in self._shards:

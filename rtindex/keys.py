@@ -252,6 +252,9 @@ META_LOG = b"C"  # + u64 sequence -> the row ids one write deleted (u64 BE each)
 META_LOG_SEQ = b"Q"  # -> u64: sequence of the newest change log record
 META_GENERATION = b"G"  # -> u64: bumped by every write that changes the set of segments
 META_TAIL = b"T"  # + u64 first row id -> u64 file id: the mutable segment file holding the unsealed rows from there
+# + the source's name, a path terminator and a u64 partition -> u64: the next offset of that
+# partition whose document this shard has not stored (rtindex/sources.py)
+META_SOURCE = b"K"
 
 
 def meta_segment(segid: int) -> bytes:
@@ -288,6 +291,20 @@ def meta_log(seq: int) -> bytes:
 def meta_log_seq(key: bytes) -> int:
     """The sequence of a ``meta_log`` key."""
     return from_u64(key[1:])
+
+
+def meta_source(source: str) -> bytes:
+    """The prefix of every ``meta_source_offset`` key of ``source``."""
+    return META_SOURCE + escape(source.encode()) + PATH_END
+
+
+def meta_source_offset(source: str, partition: int) -> bytes:
+    return meta_source(source) + u64(partition)
+
+
+def meta_source_partition(key: bytes) -> int:
+    """The partition of a ``meta_source_offset`` key."""
+    return from_u64(key[-8:])
 
 
 def pack_u64s(values) -> bytes:

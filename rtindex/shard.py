@@ -149,6 +149,13 @@ class Shard:
         return BitMap(keys.meta_deleted_row(k) - base
                       for k in self.store.scan_keys("meta", keys.meta_deleted(base), keys.meta_deleted(base + n)))
 
+    def source_offsets(self, source: str) -> dict[int, int]:
+        """{partition: the next offset this shard has not stored} of ``source``
+        (rtindex/sources.py)."""
+        prefix = keys.meta_source(source)
+        return {keys.meta_source_partition(k): keys.from_u64(v)
+                for k, v in self.store.scan("meta", prefix, prefix[:-1] + b"\x01")}
+
     def _meta_u64(self, key: bytes) -> int:
         """A u64 meta record (0 when absent), read with an iterator: on a RocksDB secondary a
         point Get of a key the writer overwrites can keep returning an old value from a stale

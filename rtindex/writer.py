@@ -274,7 +274,7 @@ class ShardWriter(Shard):
                                f"of it was stored: {e}") from e
 
     def put_many(self, items: list[tuple[int, bytes, dict | None, bytes | None]],
-                 generated: set[int] | frozenset[int] = frozenset(),
+                 generated: set[int] | frozenset[int] = frozenset(), meta: list[tuple[bytes, bytes]] = (),
                  ) -> tuple[list[tuple[int, SchemaError]], list[int], list[tuple[int, bytes, dict | None, bytes | None, int]]]:
         """Upsert ``(caller index, id key, document, its JSON bytes)`` items atomically: the
         bytes are indexed into the active mutable segment in one compiled pass (without the
@@ -288,7 +288,8 @@ class ShardWriter(Shard):
         whose ``_id`` was just generated (a time then 80 random bits, see
         documents._IdPool), which cannot be stored yet: their ``_id`` index is not read. All
         of them are durable when this returns. Raises StorageError (and stores nothing) when
-        the write fails.
+        the write fails. ``meta``: records stored in the same write as the items, whether
+        any item is stored or not (a source's offsets, rtindex/sources.py).
         """
         with self._write_lock, self._failing(f"writing {len(items)} documents"):
             self._check_writable()
@@ -317,7 +318,12 @@ class ShardWriter(Shard):
                                           f"{stored[-1][4]} to {len(stored)} documents")
                 old = self._stored_rows([it[1] for it in stored], [it[0] in generated for it in stored])
                 self._write_rows(state, mem.base + stored[0][4], [it[1] for it in stored], old, replaced,
-                                 [it[0] for it in stored])
+                                 [it[0] for it in stored], meta)
+            elif meta:
+                wb = self.store.batch()
+                for key, value in meta:
+                    wb.put("meta", key, value)
+                self.store.write(wb)
             self._broken_builder = False
         return errors, replaced, out
 
@@ -361,7 +367,7 @@ class ShardWriter(Shard):
         return [None if f else next(got) for f in fresh]
 
     def _write_rows(self, state: ShardState, first: int, id_keys: list[bytes], old: list[bytes | None],
-                    replaced: list[int], tags) -> None:
+                    replaced: list[int], tags, meta: list[tuple[bytes, bytes]] = ()) -> None:
         """Store rows just indexed into the active builder from row id ``first`` on (their
         bytes are in its file): their ``_id`` index entries, delete records of the rows they
         replace (``old``: the ``_id`` index values read before, None for new ids) and the
@@ -388,10 +394,21 @@ class ShardWriter(Shard):
                     wb.put("meta", keys.meta_deleted(prev), b"")
                 seen[id_key] = rid
         wb.put("meta", keys.META_NEXT_ROW, u64(next_row))
+        for key, value in meta:
+            wb.put("meta", key, value)
         seq = self._log(wb, dels)
         self.store.write(wb)
         self._log_seq = seq
         self._publish(state, next_row, dels)
+
+    def drop_source(self, source: str) -> None:
+        """Forget ``source``'s stored offsets (rtindex/sources.py)."""
+        prefix = keys.meta_source(source)
+        with self._write_lock, self._failing(f"removing source {source!r}"):
+            self._check_writable()
+            wb = self.store.batch()
+            wb.delete_range("meta", prefix, prefix[:-1] + b"\x01")
+            self.store.write(wb)
 
     @property
     def change_count(self) -> int:

@@ -5,7 +5,8 @@ and then all again in a new namespace in the same directory: a user runs an exam
 twice, and the second run must not trip over what the first left (a collection that
 exists, a directory that is there). A file whose blocks call ``rtindex.connect`` gets a
 real ``rtindex serve`` (tests/serving.py) whose URL and admin key are in ``RTINDEX_URL``
-and ``RTINDEX_API_KEY``, where its text tells the reader to put them.
+and ``RTINDEX_API_KEY``, where its text tells the reader to put them; one whose blocks make
+a ``KafkaSource`` gets a real Kafka broker (tests/kafka_broker.py) at ``KAFKA_BOOTSTRAP``.
 
 A block that cannot run (one that shows a traceback, say) says so where a reader sees it:
 ``<!-- no-run: why -->`` on the line before its fence. Such blocks are counted, and that
@@ -107,13 +108,34 @@ def served_env(tmp_path, monkeypatch):
         assert s.stop() == 0, "".join(s.output)
 
 
+@pytest.fixture
+def broker_env(tmp_path, monkeypatch):
+    """Start a Kafka broker (tests/kafka_broker.py) and put its address where the docs read it."""
+    started = []
+
+    def start() -> None:
+        from tests.kafka_broker import Broker, why_not
+
+        if why_not() is not None:
+            pytest.skip(why_not())
+        b = Broker(tmp_path / "kafka")
+        started.append(b.start())
+        monkeypatch.setenv("KAFKA_BOOTSTRAP", b.bootstrap)
+
+    yield start
+    for b in started:
+        b.stop()
+
+
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
-def test_examples_run_as_written(path, tmp_path, monkeypatch, served_env):
+def test_examples_run_as_written(path, tmp_path, monkeypatch, served_env, broker_env):
     blocks = [b for b in python_blocks(path) if b.run]
     if not blocks:
         return  # a page with no Python to run (shell, JSON, text blocks only)
     if any("rtindex.connect(" in b.code for b in blocks):
         served_env()
+    if any("KafkaSource(" in b.code for b in blocks):
+        broker_env()
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

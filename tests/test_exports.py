@@ -6,7 +6,7 @@ import rtindex
 def test_public_names_are_pinned():
     assert sorted(rtindex.__all__) == [
         "AccessDeniedError", "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "FenceError", "IngestError", "IngestStats",
-        "IngestWarning", "InvalidArgumentError", "ItemError", "LockedError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "QueryTimeoutError", "ReadOnlyError", "Result", "ResultTooLargeError", "RtindexError", "SchemaError",
+        "IngestWarning", "InvalidArgumentError", "ItemError", "KafkaSource", "LockedError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "QueryTimeoutError", "ReadOnlyError", "Result", "ResultTooLargeError", "RtindexError", "SchemaError",
         "Snapshot", "SqlError", "StorageError", "UnsupportedSqlError", "connect", "documents_of", "open",
     ]
     for name in rtindex.__all__:

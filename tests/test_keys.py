@@ -248,3 +248,15 @@ def test_known_encodings():
 def test_empty_path_is_an_error():
     with pytest.raises(ValueError):
         keys.encode_path(())
+
+
+def test_source_offset_keys_belong_to_one_source_and_give_their_partition():
+    names = ["a", "a_b", "a-", "ab", "a\x00b"]
+    for name in names:
+        k = keys.meta_source_offset(name, 7)
+        assert keys.meta_source_partition(k) == 7
+        prefix = keys.meta_source(name)
+        hi = prefix[:-1] + b"\x01"  # the scan bound Shard.source_offsets uses
+        for other in names:
+            ok = keys.meta_source_offset(other, 2 ** 40)
+            assert (prefix <= ok < hi) == (other == name), (name, other)

@@ -1,0 +1,209 @@
+"""rtindex/sources.py against a real Kafka broker (tests/kafka_broker.py) and a real client:
+several partitions, each message's document stored once, a restart of the consumer, a write
+that failed in one shard and not the other, poison messages, a topic that does not exist
+yet, a broker that goes away and comes back; pause, resume, remove, and bad definitions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+import pytest
+
+import rtindex
+from tests.kafka_broker import Broker, why_not
+
+REASON = why_not()
+if REASON is not None:
+    pytest.skip(REASON, allow_module_level=True)
+ck = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+
+def new_topic(broker: Broker, partitions: int = 3, name: str | None = None) -> str:
+    name = name or f"t-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # (kept until its futures are done)
+    for fut in admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)]).values():
+        fut.result(30)
+    return name
+
+
+def produce(broker: Broker, topic: str, values: list, partitions: int = 3) -> None:
+    """Each value (a dict as JSON, bytes as they are) to partition ``i % partitions``."""
+    p = ck.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for i, v in enumerate(values):
+        p.produce(topic, v if isinstance(v, bytes) else orjson.dumps(v), partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+def wait_for(what, timeout: float = 60.0):
+    """``what()`` once it is truthy; fails with its last value after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got or time.monotonic() > end:
+            assert got, f"still {got!r} after {timeout} s"
+            return got
+        time.sleep(0.05)
+
+
+def count(coll) -> int:
+    return coll.stats()["documents"]
+
+
+def ids(db, name: str) -> list:
+    return sorted(r["_id"] for r in db.sql(f"SELECT _id FROM {name}").rows())
+
+
+def test_a_topic_of_three_partitions_is_stored_once_with_ids_of_its_offsets(kafka, tmp_path):
+    topic = new_topic(kafka)
+    produce(kafka, topic, [{"_id": f"k{i}", "i": i} if i % 2 else {"i": i} for i in range(300)])
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=2)
+        st = coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic))
+        assert st["name"] == topic.replace("-", "_") or st["name"] == topic
+        wait_for(lambda: count(coll) == 300)
+        got = ids(db, "ev")
+        assert len(got) == 300 and len(set(got)) == 300
+        assert sum(1 for i in got if i.startswith(f"{topic}:")) == 150  # no _id: topic:partition:offset
+        status = wait_for(lambda: (s := coll.source(st["name"]))["lag_total"] == 0 and s["messages"] == 300 and s)
+        assert set(status["offsets"]) == {0, 1, 2} and sum(status["offsets"].values()) == 300
+        assert db.stats()["collections"]["ev"]["sources"][0]["documents"] == 300
+
+
+def test_a_restarted_consumer_goes_on_where_every_shard_stored(kafka, tmp_path):
+    topic = new_topic(kafka)
+    produce(kafka, topic, [{"i": i} for i in range(90)])
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=3)
+        coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+        wait_for(lambda: count(coll) == 90)
+    produce(kafka, topic, [{"i": i} for i in range(90, 150)])  # while no consumer runs
+    with rtindex.open(str(tmp_path / "db")) as db:  # the source starts again by itself
+        coll = db["ev"]
+        wait_for(lambda: count(coll) == 150)
+        time.sleep(0.5)
+        assert count(coll) == 150 and len(set(ids(db, "ev"))) == 150
+
+
+def test_a_batch_stored_in_one_shard_and_not_the_other_is_completed_once(kafka, tmp_path, monkeypatch):
+    """A write that fails in the second shard (as a crash between the two would leave it):
+    after reopening, what the first shard stored is not stored again and the rest is."""
+    topic = new_topic(kafka, partitions=1)
+    produce(kafka, topic, [{"_id": f"d{i}", "i": i} for i in range(200)], partitions=1)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=2)
+        second = coll._shards[1]
+        real = second.put_many
+        calls = []
+
+        def failing(items, generated=frozenset(), meta=()):
+            calls.append(len(items))
+            if items:  # the first batch with documents for this shard fails here
+                raise rtindex.StorageError("injected: the second shard's write failed")
+            return real(items, generated, meta)
+
+        monkeypatch.setattr(second, "put_many", failing)
+        coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+        st = wait_for(lambda: (s := coll.source("src"))["state"] == "failed" and s)
+        assert "injected" in st["last_error"]
+        first_only = count(coll)
+        assert 0 < first_only < 200  # the first shard's part of the batch is stored
+        monkeypatch.setattr(second, "put_many", real)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db["ev"]
+        wait_for(lambda: count(coll) == 200)
+        time.sleep(0.5)
+        assert ids(db, "ev") == sorted(f"d{i}" for i in range(200))
+        rows = db.sql("SELECT i FROM ev").rows()
+        assert sorted(r["i"] for r in rows) == list(range(200))
+
+
+def test_poison_messages_go_to_the_error_log_and_the_rest_is_stored(kafka, tmp_path):
+    topic = new_topic(kafka, partitions=1)
+    values = [{"i": 0}, b"not json", b"[1, 2]", {"i": 3}, b'{"a": NaN}', b'{"deep": ' * 100 + b"1" + b"}" * 100,
+              {"i": 6}]
+    produce(kafka, topic, values, partitions=1)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=2)
+        coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+        st = wait_for(lambda: (s := coll.source("src"))["messages"] == 7 and s)
+        assert count(coll) == 3
+        bad = sorted((e["partition"], e["offset"]) for e in st["recent_errors"])
+        assert bad == [(0, 1), (0, 2), (0, 4), (0, 5)] and st["errors"] == 4
+        with open(st["error_log"], "rb") as f:
+            logged = [orjson.loads(line) for line in f]
+        assert [e["offset"] for e in logged] == [1, 2, 4, 5]
+        assert "JSON object" in logged[1]["error"] and all(e["error"] for e in logged)
+
+
+def test_a_topic_made_after_the_source_is_consumed_when_it_appears(kafka, tmp_path):
+    topic = f"later-{uuid.uuid4().hex[:8]}"
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=2)
+        coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+        time.sleep(1.0)
+        assert count(coll) == 0 and coll.source("src")["state"] != "failed"
+        new_topic(kafka, 2, topic)
+        produce(kafka, topic, [{"i": i} for i in range(20)], partitions=2)
+        wait_for(lambda: count(coll) == 20, timeout=90)
+
+
+def test_a_broker_that_goes_away_and_comes_back(kafka, tmp_path):
+    topic = new_topic(kafka, partitions=2)
+    produce(kafka, topic, [{"i": i} for i in range(40)], partitions=2)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=2)
+        coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+        wait_for(lambda: count(coll) == 40)
+        kafka.kill()
+        time.sleep(2.0)
+        assert coll.source("src")["state"] != "failed"
+        kafka.start()
+        produce(kafka, topic, [{"i": i} for i in range(40, 80)], partitions=2)
+        wait_for(lambda: count(coll) == 80, timeout=90)
+        time.sleep(0.5)
+        assert count(coll) == 80
+
+
+def test_pause_resume_remove_and_the_definition_kept_across_reopen(kafka, tmp_path):
+    topic = new_topic(kafka, partitions=1)
+    produce(kafka, topic, [{"i": i} for i in range(10)], partitions=1)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=1)
+        coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+        wait_for(lambda: count(coll) == 10)
+        assert coll.pause_source("src")["paused"]
+        wait_for(lambda: coll.source("src")["state"] == "paused")
+        produce(kafka, topic, [{"i": i} for i in range(10, 20)], partitions=1)
+        time.sleep(1.0)
+        assert count(coll) == 10
+        with pytest.raises(rtindex.AlreadyExistsError):
+            coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+    with rtindex.open(str(tmp_path / "db")) as db:  # still paused after reopening
+        coll = db["ev"]
+        time.sleep(1.0)
+        assert count(coll) == 10 and coll.source("src")["paused"]
+        coll.resume_source("src")
+        wait_for(lambda: count(coll) == 20)
+        coll.remove_source("src")
+        assert coll.sources() == []
+        assert coll._shards[0].source_offsets("src") == {}
+        with pytest.raises(rtindex.NotFoundError):
+            coll.source("src")
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(start="middle"), "start must be one of"),
+    (dict(format="avro"), "format must be one of"),
+    (dict(name="a b"), "invalid source name"),
+    (dict(topic=""), "topic must be a non-empty string"),
+])
+def test_a_bad_definition_is_refused_naming_the_problem(tmp_path, bad, words):
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=1)
+        args = {"bootstrap_servers": "127.0.0.1:9", "topic": "t", **bad}
+        with pytest.raises(rtindex.InvalidArgumentError, match=words):
+            coll.add_source(rtindex.KafkaSource(**args))
+        assert coll.sources() == []
