@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Protocol
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -29,14 +30,19 @@ class LoopLag:
     the bottleneck, every request waits in the kernel until the loop reaches it, admitted or
     not, and no slot count shows it. A timer every ``tick`` seconds measures how late the loop
     runs it; when even the least late tick of a ``window`` is past ``target`` (a standing
-    backlog, not one long query), the share of queries refused at once grows by ``step``;
-    when it is not, the share shrinks by a quarter of that. ``target`` 0 turns this off.
+    backlog, not one long query) and the loop's thread computed through at least ``busy`` of
+    it (the loop is the bottleneck, so refusing some requests helps the rest: a loop that is
+    late because the machine is busy, or because a query's thread holds the interpreter,
+    refuses nobody), the share of queries refused at once grows by ``step``; otherwise it
+    shrinks by a quarter of that. ``target`` 0 turns this off.
     The timer runs only while queries come: a window without one, and nothing refused,
     stops it until the next.
     """
 
-    def __init__(self, target: float, tick: float = 0.002, window: float = 0.02, step: float = 0.1):
+    def __init__(self, target: float, tick: float = 0.002, window: float = 0.02, step: float = 0.1,
+                 busy: float = 0.8):
         self.target = target
+        self.busy = busy
         self.tick = tick
         self.window = window
         self.step = step
@@ -47,6 +53,7 @@ class LoopLag:
         self._due = self._window_end = 0.0
         self._least = float("inf")
         self._asked = False  # refuses() was called in this window
+        self._cpu = self._window_start = 0.0  # the loop thread's CPU time and the loop's time at the window's start
 
     def start(self) -> None:
         if self.target > 0:
@@ -67,6 +74,7 @@ class LoopLag:
 
     def _begin(self) -> None:
         now = self._loop.time()
+        self._window_start, self._cpu = now, time.thread_time()
         self._window_end = now + self.window
         self._least = float("inf")
         self._arm(now)
@@ -80,7 +88,10 @@ class LoopLag:
         self._least = min(self._least, now - self._due)
         if now >= self._window_end:
             self.lag = self._least
-            if self._least > self.target:
+            cpu = time.thread_time()
+            computing = cpu - self._cpu >= self.busy * (now - self._window_start)
+            self._window_start, self._cpu = now, cpu
+            if self._least > self.target and computing:
                 self.share = min(1.0, self.share + self.step)
             else:
                 self.share = max(0.0, self.share - self.step / 4)

@@ -141,15 +141,22 @@ def test_a_request_expecting_100_continue_goes_to_the_app():
     serve(test)
 
 
-def _run_lag(blocked_ms: float, seconds: float, lag: LoopLag) -> float:
-    """The share ``lag`` refuses after ``seconds`` of a loop blocked ``blocked_ms`` out of
-    every 2 ms (0: idle)."""
+def _compute(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def _run_lag(blocked_ms: float, seconds: float, lag: LoopLag, computing: bool = True) -> float:
+    """The share ``lag`` refuses after ``seconds`` of a loop held ``blocked_ms`` out of every
+    2 ms (0: idle), by its own thread's work (``computing``) or by waiting (as when the
+    machine or another thread has the CPU)."""
     async def main():
         lag.start()
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             if blocked_ms:
-                time.sleep(blocked_ms / 1000)  # the loop's own work: nothing else runs meanwhile
+                _compute(blocked_ms / 1000) if computing else time.sleep(blocked_ms / 1000)
             await asyncio.sleep(0 if blocked_ms else 0.002)
         lag.stop()
         return lag.share
@@ -164,6 +171,11 @@ def test_loop_lag_sheds_while_the_loop_runs_behind_and_stops_after():
     refused = sum(lag.refuses() for _ in range(1000))
     assert refused == 1000
     assert _run_lag(0, 1.5, lag) == 0.0  # free again: the share decays to nothing
+
+
+def test_loop_lag_never_sheds_when_the_loop_is_late_without_computing():
+    lag = LoopLag(target=0.001)
+    assert _run_lag(3, 0.3, lag, computing=False) == 0.0  # late, but waiting: a busy machine
 
 
 def test_loop_lag_ticks_only_while_queries_come():
