@@ -33,7 +33,7 @@ from rtindex.progress import CtrlC, Progress
 from rtindex.runtime import Runtime
 from rtindex.shard import Shard
 from rtindex.snapshot import Snapshot
-from rtindex.sources import KafkaSource, SourceRunner
+from rtindex.sources import MAX_SOURCES, KafkaSource, SourceRunner
 
 
 @dataclass
@@ -451,6 +451,8 @@ class Collection:
                 if exist_ok and self._runners[source.name].source == source:
                     return self._runners[source.name].status()
                 raise AlreadyExistsError(f"collection {self.name!r} already has a source named {source.name!r}")
+            if len(self._runners) >= MAX_SOURCES:
+                raise InvalidArgumentError(f"collection {self.name!r} has {MAX_SOURCES} sources, the most it may have")
             self._save_source(source.name, {"source": source.definition(), "paused": False})
             self._run_source(source, False)
             return self._runners[source.name].status()

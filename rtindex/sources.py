@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 STARTS = ("earliest", "latest")
 FORMATS = ("json",)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,127}")
+# settings a source makes itself (exactly once depends on them): not taken in options
+_RESERVED = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store",
+                       "auto.offset.reset", "enable.partition.eof", "isolation.level"})
+# librdkafka settings that read files, load libraries or run commands on the machine
+_UNSAFE = re.compile(r"plugin|location|kinit|keytab|\.cmd$|_cb$|interceptor|path|\.pem$|ssl_key|ssl\.key"
+                     r"|keystore|ssl\.certificate|ssl\.ca|ssl\.crl|engine", re.I)
+MAX_SOURCES = 16  # per collection
+_SECRET = re.compile(r"password|secret|key|token|credential", re.I)  # options never shown in a status
 BATCH_MESSAGES = ingest.PUT_DOCS  # a batch at most, per shard of the collection
 POLL_SECONDS = 0.05  # the longest a batch waits for more messages
 LAG_EVERY = 1.0  # seconds between reads of the partitions' high watermarks
@@ -73,6 +81,12 @@ class KafkaSource:
             raise InvalidArgumentError(f"KafkaSource format must be one of {FORMATS}, not {self.format!r}")
         if not isinstance(self.options, dict) or not all(isinstance(k, str) for k in self.options):
             raise InvalidArgumentError("KafkaSource options must be a dict of librdkafka settings")
+        for k, v in self.options.items():
+            if k in _RESERVED:
+                raise InvalidArgumentError(f"KafkaSource options may not set {k!r}: the source sets it (use the "
+                                           "source's own arguments)")
+            if not isinstance(v, (str, int, float, bool)):
+                raise InvalidArgumentError(f"KafkaSource option {k!r} must be a string, number or boolean")
         name = self.name if self.name is not None else re.sub(r"[^A-Za-z0-9_-]", "_", self.topic)
         if not name[:1].isalpha() and name[:1] != "_":
             name = "_" + name
@@ -92,6 +106,12 @@ class KafkaSource:
         """The source a :meth:`definition` describes."""
         d = {k: v for k, v in d.items() if k != "kind"}
         return cls(**d)
+
+
+def unsafe_options(options: dict) -> list[str]:
+    """The settings of ``options`` that reach the machine (files, libraries, commands): the
+    service refuses them, where the key's holder is not the machine's owner."""
+    return [k for k in options if isinstance(k, str) and _UNSAFE.search(k)]
 
 
 def message_id(topic: str, partition: int, offset: int) -> str:
@@ -148,7 +168,9 @@ class SourceRunner:
     def status(self) -> dict:
         """What ``coll.sources()``, ``db.stats()`` and the service show of this source."""
         lag = {p: max(0, self.high[p] - self.positions.get(p, 0)) for p in self.high}
-        return {"name": self.name, **self.source.definition(), "state": self.state, "paused": self._paused,
+        definition = self.source.definition()
+        definition["options"] = {k: "***" if _SECRET.search(k) else v for k, v in definition["options"].items()}
+        return {"name": self.name, **definition, "state": self.state, "paused": self._paused,
                 **self.counts, **self.rates, "lag": lag, "lag_total": sum(lag.values()),
                 "caught_up": bool(self.high) and not any(lag.values()),
                 "offsets": dict(self.positions), "last_error": self.last_error,

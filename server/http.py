@@ -91,7 +91,9 @@ def too_large(limit: str, value: int, what: str) -> HttpError:
 
 
 def json_response(obj, status: int = 200) -> Response:
-    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+    """``obj`` as JSON; integer keys (a source's partitions) as strings."""
+    return Response(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS), status_code=status,
+                    media_type="application/json")
 
 
 def error_response(err: HttpError) -> Response:

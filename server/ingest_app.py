@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import re
 from typing import Any
@@ -25,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import rtindex
+from rtindex.sources import unsafe_options
 
 from . import metrics, routes
 from .config import ServerConfig
@@ -251,6 +253,45 @@ class IngestService:
         self.collection(name)
         await anyio.to_thread.run_sync(self.db.drop_collection, name)
         return json_response({"name": name, "dropped": True})
+
+    # ---------------------------------------------------------------- sources (docs/sources.md)
+    async def add_source(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        body = await self._json(request)
+        fields = set(inspect.signature(rtindex.KafkaSource).parameters)
+        if not isinstance(body, dict) or body.get("kind", "kafka") != "kafka" or not set(body) - {"kind"} <= fields:
+            raise HttpError(400, "BadRequest", f'give {{"kind": "kafka", {", ".join(sorted(fields))}}} '
+                                               "(bootstrap_servers and topic required)")
+        try:
+            source = rtindex.KafkaSource(**{k: v for k, v in body.items() if k != "kind"})
+        except TypeError:
+            raise HttpError(400, "BadRequest", "a Kafka source needs bootstrap_servers and topic") from None
+        unsafe = unsafe_options(source.options) if isinstance(source.options, dict) else []
+        if unsafe:
+            raise HttpError(400, "BadRequest", f"options {unsafe} are not taken over HTTP: they read files, load "
+                                               "libraries or run commands on the server")
+        status = await anyio.to_thread.run_sync(coll.add_source, source)
+        return json_response(status, 201)
+
+    async def list_sources(self, request: Request) -> Response:
+        return json_response({"sources": self.collection(request.path_params["name"]).sources()})
+
+    async def get_source(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        return json_response(coll.source(request.path_params["source"]))
+
+    async def pause_source(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        return json_response(await anyio.to_thread.run_sync(coll.pause_source, request.path_params["source"]))
+
+    async def resume_source(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        return json_response(await anyio.to_thread.run_sync(coll.resume_source, request.path_params["source"]))
+
+    async def remove_source(self, request: Request) -> Response:
+        coll, name = self.collection(request.path_params["name"]), request.path_params["source"]
+        await anyio.to_thread.run_sync(coll.remove_source, name)
+        return json_response({"name": name, "removed": True})
 
     async def post_docs(self, request: Request) -> Response:
         coll = self.collection(request.path_params["name"])

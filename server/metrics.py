@@ -36,6 +36,10 @@ READER_LAG_MS = Gauge("rtindex_reader_lag_ms", "Milliseconds the query process i
 ROW_CACHE = Gauge("rtindex_row_cache", "RowStoreCache counters of each process", ["pid", "counter"],
                   multiprocess_mode="liveall")
 
+SOURCE = Gauge("rtindex_source", "Each source's counters (messages, bytes, documents, errors, lag_total, "
+               "messages_per_s, bytes_per_s)", ["collection", "source", "counter"], multiprocess_mode="liveall")
+_SOURCE_COUNTERS = ("messages", "bytes", "documents", "errors", "lag_total", "messages_per_s", "bytes_per_s")
+
 
 class AdmissionGauges:
     """What server/admission.py reports, kept off its hot path."""
@@ -55,6 +59,10 @@ def observe_db(db) -> None:
     for name, value in stats["row_cache"].items():
         if isinstance(value, (int, float)):
             ROW_CACHE.labels(pid, name).set(value)
+    for coll, cstats in stats["collections"].items():
+        for src in cstats.get("sources", ()):
+            for counter in _SOURCE_COUNTERS:
+                SOURCE.labels(coll, src["name"], counter).set(src[counter])
     if "lag" in stats:
         READER_LAG_ROWS.labels(pid).set(stats["lag"]["rows"])
         READER_LAG_MS.labels(pid).set(stats["lag"]["ms"])

@@ -484,6 +484,23 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
                           openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
                               "type": "array", "items": {"type": "object"}}}}}}),
         "delete_doc": dict(tags=["documents"], summary="Delete one document"),
+        "add_source": dict(tags=["sources"], summary='Consume a Kafka topic into the collection: {"kind": "kafka", '
+                                                     '"bootstrap_servers", "topic", "group"?, "start"?, "name"?, '
+                                                     '"options"?} (docs/sources.md)',
+                           openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                               "schema": {"type": "object", "properties": {
+                                   "kind": {"type": "string", "enum": ["kafka"]},
+                                   "bootstrap_servers": {"type": "string"}, "topic": {"type": "string"},
+                                   "group": {"type": "string"}, "start": {"type": "string",
+                                                                          "enum": ["earliest", "latest"]},
+                                   "format": {"type": "string", "enum": ["json"]}, "name": {"type": "string"},
+                                   "options": {"type": "object"}},
+                                   "required": ["bootstrap_servers", "topic"]}}}}}),
+        "list_sources": dict(tags=["sources"], summary="The collection's sources, with lag, rates and errors"),
+        "get_source": dict(tags=["sources"], summary="One source's status"),
+        "pause_source": dict(tags=["sources"], summary="Stop consuming, keeping the position"),
+        "resume_source": dict(tags=["sources"], summary="Consume again"),
+        "remove_source": dict(tags=["sources"], summary="Stop and forget the source, its stored offsets too"),
         "rockset_create": dict(tags=["rockset"], summary='Create a collection in a workspace: {"name"}'),
         "rockset_docs": dict(tags=["rockset"], summary='Add documents: {"data": [...]}'),
         "rockset_patch": dict(tags=["rockset"], summary='Patch documents: {"data": [{"_id", "patch"}]}'),

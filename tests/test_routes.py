@@ -24,7 +24,7 @@ from tests.serving import module_service
 
 # a value for each path parameter of the table
 SAMPLE = {"name": "walk", "doc_id": "1", "ws": "commons", "coll": "walk", "key_id": "k_000000000000",
-          "path": "none.js"}
+          "path": "none.js", "source": "nosuch"}
 
 
 def sample_path(r: routes.Endpoint, **given: str) -> str:

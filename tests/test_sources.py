@@ -5,6 +5,7 @@ yet, a broker that goes away and comes back; pause, resume, remove, and bad defi
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 
@@ -199,6 +200,8 @@ def test_pause_resume_remove_and_the_definition_kept_across_reopen(kafka, tmp_pa
     (dict(format="avro"), "format must be one of"),
     (dict(name="a b"), "invalid source name"),
     (dict(topic=""), "topic must be a non-empty string"),
+    (dict(options={"enable.auto.commit": True}), "may not set 'enable.auto.commit'"),
+    (dict(options={"client.id": ["x"]}), "must be a string, number or boolean"),
 ])
 def test_a_bad_definition_is_refused_naming_the_problem(tmp_path, bad, words):
     with rtindex.open(str(tmp_path / "db")) as db:
@@ -207,3 +210,61 @@ def test_a_bad_definition_is_refused_naming_the_problem(tmp_path, bad, words):
         with pytest.raises(rtindex.InvalidArgumentError, match=words):
             coll.add_source(rtindex.KafkaSource(**args))
         assert coll.sources() == []
+
+
+def test_the_service_runs_a_source_in_its_ingest_process(kafka, tmp_path):
+    """The routes: add (admin), list and get (read; secrets in options not shown), pause,
+    resume, remove; the documents reach the query processes."""
+    from tests.serving import Served
+
+    topic = new_topic(kafka, partitions=2)
+    produce(kafka, topic, [{"i": i} for i in range(50)], partitions=2)
+    s = Served(str(tmp_path / "db"))
+    try:
+        with s.client() as c:
+            assert c.post("/v1/collections", json={"name": "ev", "shards": 2}).status_code == 201
+            read_key = c.post("/v1/keys", json={"role": "read"}).json()["key"]
+            body = {"kind": "kafka", "bootstrap_servers": kafka.bootstrap, "topic": topic, "name": "src",
+                    "options": {"sasl.password": "hunter2", "client.id": "rt"}}
+            with s.client(read_key) as reader:
+                assert reader.post("/v1/collections/ev/sources", json=body).status_code == 403
+            r = c.post("/v1/collections/ev/sources", json=body)
+            assert r.status_code == 201, r.text
+            assert r.json()["options"] == {"sasl.password": "***", "client.id": "rt"}
+            assert c.post("/v1/collections/ev/sources", json=body).status_code == 409
+            assert c.post("/v1/collections/ev/sources", json={"topic": topic}).status_code == 400
+            assert c.post("/v1/collections/ev/sources", json={**body, "start": "middle"}).status_code == 400
+            for unsafe in ("plugin.library.paths", "ssl.ca.location", "sasl.kerberos.kinit.cmd"):
+                r = c.post("/v1/collections/ev/sources", json={**body, "name": "x", "options": {unsafe: "/tmp/x"}})
+                assert r.status_code == 400 and unsafe in r.json()["message"], r.text
+
+            def queried() -> int:
+                return c.post("/v1/query", json={"sql": "SELECT COUNT(*) AS n FROM ev"}).json()["rows"][0]["n"]
+            wait_for(lambda: queried() == 50)
+            with s.client(read_key) as reader:
+                listed = reader.get("/v1/collections/ev/sources").json()["sources"]
+            assert [x["name"] for x in listed] == ["src"] and "hunter2" not in str(listed)
+            st = wait_for(lambda: (x := c.get("/v1/collections/ev/sources/src").json())["caught_up"] and x)
+            assert st["documents"] == 50 and set(st["offsets"]) == {"0", "1"}
+            metric = re.compile(r'^rtindex_source\{(?=.*collection="ev")(?=.*source="src")(?=.*counter="documents")'
+                                r'[^}]*\} 50\.0$', re.M)
+            wait_for(lambda: metric.search(c.get("/metrics").text), timeout=10)
+            assert c.post("/v1/collections/ev/sources/src/pause").json()["paused"]
+            assert c.post("/v1/collections/ev/sources/src/resume").json()["paused"] is False
+            assert c.delete("/v1/collections/ev/sources/src").json() == {"name": "src", "removed": True}
+            assert c.get("/v1/collections/ev/sources/src").status_code == 404
+            assert c.get("/v1/collections/nope/sources").status_code == 404
+    finally:
+        assert s.stop() == 0, "".join(s.output)
+
+
+def test_a_collection_has_at_most_max_sources(tmp_path):
+    from rtindex.sources import MAX_SOURCES
+
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=1)
+        for i in range(MAX_SOURCES):  # a broker nobody listens on: each waits, none fails
+            coll.add_source(rtindex.KafkaSource("127.0.0.1:9", f"t{i}"))
+        with pytest.raises(rtindex.InvalidArgumentError, match=f"has {MAX_SOURCES} sources"):
+            coll.add_source(rtindex.KafkaSource("127.0.0.1:9", "one-more"))
+        assert len(coll.sources()) == MAX_SOURCES
