@@ -268,3 +268,67 @@ def test_a_collection_has_at_most_max_sources(tmp_path):
         with pytest.raises(rtindex.InvalidArgumentError, match=f"has {MAX_SOURCES} sources"):
             coll.add_source(rtindex.KafkaSource("127.0.0.1:9", "one-more"))
         assert len(coll.sources()) == MAX_SOURCES
+
+
+@pytest.mark.parametrize("cycles", [pytest.param(3, id="default"), pytest.param(30, id="slow", marks=pytest.mark.slow)])
+def test_sigkill_of_the_ingest_process_stores_each_message_once(kafka, tmp_path, rand, cycles):
+    """``rtindex serve`` consuming a topic that a producer keeps writing, its ingest process
+    SIGKILLed at random moments and restarted by the supervisor: at the end every message
+    is stored, and stored once (the shards assigned exactly one row per message: a replayed
+    message that a shard had stored would have taken another)."""
+    import os
+    import signal
+    import threading
+
+    from tests.serving import Served
+
+    topic = new_topic(kafka, partitions=3)
+    stop = threading.Event()
+    produced = [0]
+
+    def producer() -> None:
+        p = ck.Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5})
+        i = 0
+        while not stop.is_set():
+            for _ in range(200):
+                p.produce(topic, orjson.dumps({"seq": i, "pad": "x" * 100}), partition=i % 3)
+                i += 1
+            assert p.flush(30) == 0
+            produced[0] = i
+            time.sleep(0.02)
+
+    s = Served(str(tmp_path / "db"))
+    try:
+        with s.client() as c:
+            assert c.post("/v1/collections", json={"name": "ev", "shards": 2}).status_code == 201
+            r = c.post("/v1/collections/ev/sources", json={"bootstrap_servers": kafka.bootstrap, "topic": topic,
+                                                            "name": "src"})
+            assert r.status_code == 201, r.text
+            feeding = threading.Thread(target=producer)
+            feeding.start()
+            try:
+                for _ in range(cycles):
+                    time.sleep(rand.uniform(0.1, 1.5))
+                    (pid,) = s.children()["ingest"]
+                    os.kill(pid, signal.SIGKILL)
+                    wait_for(lambda: s.children()["ingest"] not in ([], [pid]), timeout=60)
+            finally:
+                stop.set()
+                feeding.join(60)
+            total = produced[0]
+
+            def stored() -> int:
+                r = c.post("/v1/query", json={"sql": "SELECT COUNT(*) AS n, COUNT(DISTINCT seq) AS d FROM ev"})
+                if r.status_code != 200:
+                    return -1  # (the ingest process may still be coming back)
+                row = r.json()["rows"][0]
+                assert row["n"] == row["d"], row
+                return row["n"]
+            wait_for(lambda: stored() == total, timeout=180)
+    finally:
+        assert s.stop() == 0, "".join(s.output)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db["ev"]
+        coll.pause_source("src")
+        assert sum(sh["next_row_id"] for sh in coll.stats()["shards"]) == total
+        assert sorted(r["seq"] for r in db.sql("SELECT seq FROM ev").rows()) == list(range(total))
