@@ -306,7 +306,7 @@ class Database:
                 except OSError as e:
                     raise StorageError(f"cannot create {self._coll_path('')}: {e}") from e
                 write_json_atomic(os.path.join(self.path, MARKER),
-                                   {"format": FORMAT, "created_by": f"rtindex {_version()}"})
+                                  {"format": FORMAT, "created_by": f"rtindex {_version()}"})
             self._runtime.wake = Wake(os.path.join(self.path, COLLECTIONS_DIR, WAKE_FILE), True)
             for name in self._collections_on_disk():
                 self._open_collection(name)
@@ -422,7 +422,7 @@ class Database:
             coll = Collection(self._runtime, name, path, shards, created=created, create=True)
             try:
                 write_json_atomic(os.path.join(path, MANIFEST),
-                                   {**(extra or {}), "shards": shards, "format": FORMAT, "created": created})
+                                  {**(extra or {}), "shards": shards, "format": FORMAT, "created": created})
             except BaseException:
                 coll._close()
                 shutil.rmtree(path, ignore_errors=True)

@@ -298,6 +298,12 @@ def meta_source(source: str) -> bytes:
     return META_SOURCE + escape(source.encode()) + PATH_END
 
 
+def meta_source_range(source: str) -> tuple[bytes, bytes]:
+    """The key range holding every ``meta_source_offset`` key of ``source`` (and no other's)."""
+    prefix = meta_source(source)
+    return prefix, prefix[:-1] + b"\x01"
+
+
 def meta_source_offset(source: str, partition: int) -> bytes:
     return meta_source(source) + u64(partition)
 

@@ -152,9 +152,8 @@ class Shard:
     def source_offsets(self, source: str) -> dict[int, int]:
         """{partition: the next offset this shard has not stored} of ``source``
         (rtindex/sources.py)."""
-        prefix = keys.meta_source(source)
         return {keys.meta_source_partition(k): keys.from_u64(v)
-                for k, v in self.store.scan("meta", prefix, prefix[:-1] + b"\x01")}
+                for k, v in self.store.scan("meta", *keys.meta_source_range(source))}
 
     def _meta_u64(self, key: bytes) -> int:
         """A u64 meta record (0 when absent), read with an iterator: on a RocksDB secondary a

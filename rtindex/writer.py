@@ -403,11 +403,10 @@ class ShardWriter(Shard):
 
     def drop_source(self, source: str) -> None:
         """Forget ``source``'s stored offsets (rtindex/sources.py)."""
-        prefix = keys.meta_source(source)
         with self._write_lock, self._failing(f"removing source {source!r}"):
             self._check_writable()
             wb = self.store.batch()
-            wb.delete_range("meta", prefix, prefix[:-1] + b"\x01")
+            wb.delete_range("meta", *keys.meta_source_range(source))
             self.store.write(wb)
 
     @property

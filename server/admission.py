@@ -43,7 +43,7 @@ class Admission:
         self.lag = lag
         self.executing = 0
         self._waiters: deque[asyncio.Future] = deque()
-        # the two refusals, made once: a refused request should cost as little as can be
+        # the refusals, made once: a refused request should cost as little as can be
         self._full = self._refusal("the query queue is full")
         self._late = self._refusal(f"no query slot within the queue timeout ({queue_timeout * 1000:.0f} ms)")
         self._behind = self._refusal("this query process is behind on the work it has (its event loop runs late)")

@@ -3,7 +3,7 @@
 Layers, outermost first (all pure ASGI but the last):
 
 0. Below ASGI, in the HTTP protocol (server/shedding.py), ``Front.shed`` refuses a query
-   with a valid key while admission is full, before any task exists.
+   with a valid key that admission refuses now, before any task exists.
 1. ``Front``: API keys and roles for every route, per-route metrics, and the lean path:
    the query routes go straight to ``QueryService`` instead of through FastAPI's
    routing, validation and serialization (docs/service.md has the measurement).
