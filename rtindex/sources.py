@@ -139,6 +139,7 @@ class SourceRunner:
         self._rate = (time.monotonic(), 0, 0)  # (when, messages, bytes) of the last rate sample
         self.rates = {"messages_per_s": 0.0, "bytes_per_s": 0.0}
         self.positions: dict[int, int] = {}  # partition -> next offset stored in every shard
+        self._stored: list[dict[int, int]] = []  # per shard: partition -> next offset it has stored
         self.high: dict[int, int] = {}  # partition -> high watermark, read every LAG_EVERY
         self._lag_read = 0.0
         self._error_log = os.path.join(coll.path, "sources", f"{self.name}.errors.ndjson")
@@ -247,7 +248,7 @@ class SourceRunner:
     def _on_assign(self, consumer, partitions) -> None:
         """Start each assigned partition where every shard has stored it (the first time,
         where ``start`` says, recorded in every shard before anything is consumed)."""
-        stored = [s.source_offsets(self.name) for s in self.coll._shards]
+        stored = self._stored = [s.source_offsets(self.name) for s in self.coll._shards]
         first: list = []
         for tp in partitions:
             have = [st[tp.partition] for st in stored if tp.partition in st]
@@ -260,9 +261,9 @@ class SourceRunner:
             self.positions[tp.partition] = tp.offset
         if first:  # written before consuming, so that a crash never leaves a shard without it
             meta = [(keys.meta_source_offset(self.name, tp.partition), keys.u64(tp.offset)) for tp in first]
-            for s in self.coll._shards:
-                if all(tp.partition not in s.source_offsets(self.name) for tp in first):
-                    s.put_many([], meta=meta)
+            for s, done in zip(self.coll._shards, stored):
+                s.put_many([], meta=meta)
+                done.update((tp.partition, tp.offset) for tp in first)
         consumer.assign(partitions)
         if self._paused:
             consumer.pause(partitions)
@@ -294,13 +295,14 @@ class SourceRunner:
         meta = [(keys.meta_source_offset(self.name, p), keys.u64(o)) for p, o in sorted(ends.items())]
         stored = 0
         for s, shard in enumerate(self.coll._shards):
-            done = shard.source_offsets(self.name)
+            done = self._stored[s]
             items = [] if prepared is None else [
                 it for it in prepared.per_shard[s] if where[it[0]][1] >= done.get(where[it[0]][0], 0)]
             errors, _, out = shard.put_many(items, meta=meta)
             for idx, e in errors:
                 self._log_error(*where[idx], e.message)
             stored += sum(1 for it in out if it[4] >= 0)
+            done.update(ends)
         self.positions.update(ends)
         self.counts["messages"] += len(msgs)
         self.counts["bytes"] += nbytes
