@@ -24,6 +24,7 @@ from rtindex.errors import (
     NotFoundError,
     ReadOnlyError,
     SchemaError,
+    SqlError,
 )
 from rtindex.fence import Fence
 from rtindex.jsonfile import read_json, write_json_atomic
@@ -34,6 +35,7 @@ from rtindex.runtime import Runtime
 from rtindex.shard import Shard
 from rtindex.snapshot import Snapshot
 from rtindex.sources import MAX_SOURCES, KafkaSource, SourceRunner
+from rtindex.transform import Transformation
 
 
 @dataclass
@@ -56,10 +58,11 @@ class IngestStats:
     fence: str = ""  # write fence covering this call (Database.wait_for in a reader process)
     doc_ids: dict = field(default_factory=dict, repr=False)  # input position -> the _id that document had or was given
     notes: list[str] = field(default_factory=list)  # what the call may not have done as meant (also warned)
+    filtered: int = 0  # documents the collection's ingest transformation left out (its WHERE)
 
     def __repr__(self) -> str:
         return (f"IngestStats(n={self.n}, bytes={self.bytes}, seconds={self.seconds:.3f}, "
-                f"errors={len(self.errors)})")
+                f"errors={len(self.errors)}" + (f", filtered={self.filtered})" if self.filtered else ")"))
 
     def _tally(self, written: dict[Any, tuple[Any, int]], t0: float) -> None:
         """``n``, ``ids`` and ``bytes`` from ``written`` (id key -> (_id, size of its stored
@@ -101,6 +104,7 @@ def check_ingest_options(batch_size: int, errors: str) -> None:
 
 
 SOURCES_FILE = "sources.json"  # {name: {"source": its definition, "paused": bool}}
+TRANSFORMATION_FILE = "transformation.json"  # {"sql": the text, "set": when (ns)}
 
 
 def _shard_path(path: str, i: int) -> str:
@@ -163,6 +167,7 @@ class Collection:
             raise
         self._sources_lock = threading.Lock()
         self._runners: dict[str, SourceRunner] = {}
+        self._transform = self._load_transformation()
         if not runtime.reader:
             for name, entry in self._source_definitions().items():
                 self._run_source(KafkaSource.from_definition(entry["source"]), entry.get("paused", False))
@@ -242,6 +247,7 @@ class Collection:
         def done(c: ingest.Chunk) -> None:  # a chunk committed in every shard: count it
             stats.errors.extend(c.errors)
             stats.replaced.extend(c.replaced)
+            stats.filtered += c.filtered
             stats.doc_ids.update(c.ids)
             total = 0
             ids = c.ids
@@ -251,11 +257,14 @@ class Collection:
                 total += size
             bar.update(len(c.ids) + len(c.errors), total, len(stats.errors), source.tell() if source.tell else None)
 
-        pipe = ingest.Pipeline(self._shards, limits, self._runtime.indexers, done)
+        transform = self._transform  # in force when the call began, for all of it
+        pipe = ingest.Pipeline(self._shards, limits, self._runtime.indexers, done, transform)
         try:
             with source, CtrlC() as ctrl_c, ingest.ingest_mode():
                 try:
                     for first, batch in source.batches or ():  # a table: column-wise (then items is empty)
+                        if transform is not None:  # (row by row: the transformation takes dicts)
+                            batch = list(slice_rows(first, batch))
                         with ctrl_c.batch():
                             nbytes = self._ingest_batch(first, batch, limits, n_shards, stats, written, pipe)
                         if nbytes is not None:
@@ -521,6 +530,40 @@ class Collection:
         runner = SourceRunner(self, source, paused)
         self._runners[source.name] = runner
         runner.start()
+
+    # -- the ingest transformation (rtindex/transform.py) ------------------------------
+    @property
+    def transformation(self) -> str | None:
+        """The SQL of the ingest transformation applied to every incoming document, or None."""
+        self._check()
+        return self._transform.sql if self._transform is not None else None
+
+    def set_transformation(self, sql: str | None) -> None:
+        """Apply ``SELECT ... FROM _input [WHERE ...]`` to every document that arrives from
+        now on, on every path (ingest, files, HTTP, sources); None removes it. Documents
+        stored before keep their shape. The text is checked first: a SqlError names what
+        is wrong and changes nothing. An ingest call under way goes on with the one it began
+        with. See docs/sources.md."""
+        self._check_writable()
+        transform = Transformation(sql) if sql is not None else None
+        path = os.path.join(self.path, TRANSFORMATION_FILE)
+        if transform is None:
+            if os.path.exists(path):
+                os.remove(path)
+        else:
+            write_json_atomic(path, {"sql": sql, "set": time.time_ns()})
+        self._transform = transform
+
+    def _load_transformation(self) -> Transformation | None:
+        path = os.path.join(self.path, TRANSFORMATION_FILE)
+        if not os.path.exists(path):
+            return None
+        got = read_json(path, "transformation file")
+        try:
+            return Transformation(got["sql"])
+        except (KeyError, TypeError, SqlError) as e:
+            raise CorruptionError(f"collection {self.name!r}: its transformation file {path} does not hold a "
+                                  f"transformation rtindex can apply ({e}); set it again or remove the file") from None
 
     def stats(self) -> dict:
         """Counts per shard: rows, sealed and in-memory segments, approximate disk bytes."""

@@ -46,6 +46,7 @@ from rtindex.errors import (
 from rtindex.runtime import Runtime
 from rtindex.segments import ShardConfig
 from rtindex.storage import WriteBuffers, new_block_cache
+from rtindex.transform import Transformation
 
 # a collection name: one part, or a workspace and a name (``ws.coll``, as Rockset's workspaces;
 # each part at most 128 characters). The default workspace is no prefix: ``commons.coll``
@@ -382,14 +383,18 @@ class Database:
         self.collection(name)
         return _read_manifest(self._coll_path(name))
 
-    def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False) -> Collection:
+    def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False, *,
+                          transformation: str | None = None) -> Collection:
         """Create a collection of ``shards`` shards (fixed for its lifetime). ``name`` is
         ``coll`` or ``workspace.coll``; the default workspace ``commons`` is never spelled
-        out (``commons.coll`` is refused: create ``coll``)."""
-        return self._create_collection(name, shards, exist_ok)
+        out (``commons.coll`` is refused: create ``coll``). ``transformation``: an ingest
+        transformation, ``SELECT ... FROM _input [WHERE ...]``, applied to every document
+        stored in it (see Collection.set_transformation); with ``exist_ok``, an existing
+        collection keeps its own."""
+        return self._create_collection(name, shards, exist_ok, transformation=transformation)
 
     def _create_collection(self, name: str, shards: int = 4, exist_ok: bool = False,
-                           extra: dict | None = None) -> Collection:
+                           extra: dict | None = None, transformation: str | None = None) -> Collection:
         """create_collection, with ``extra`` keys stored in the manifest (the demo marks the
         collections it made with ``{"created_by": "rtindex demo"}``)."""
         self._check_writable()
@@ -404,6 +409,8 @@ class Database:
                                        f"workspace; create the collection as {short!r} (queries may still say {name})")
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
             raise InvalidArgumentError(f"shards must be an integer from 1 to {MAX_SHARDS}, not {shards!r}")
+        if transformation is not None:
+            Transformation(transformation)  # checked before anything is made
         with self._lock:
             if name in self._collections:
                 if exist_ok:
@@ -421,6 +428,8 @@ class Database:
             created = time.time_ns()
             coll = Collection(self._runtime, name, path, shards, created=created, create=True)
             try:
+                if transformation is not None:
+                    coll.set_transformation(transformation)
                 write_json_atomic(os.path.join(path, MANIFEST),
                                   {**(extra or {}), "shards": shards, "format": FORMAT, "created": created})
             except BaseException:

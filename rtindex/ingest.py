@@ -41,7 +41,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
@@ -100,6 +100,7 @@ class Chunk:
     replaced: list[int] = field(default_factory=list)
     stored: list[tuple[int, bytes, int]] = field(default_factory=list)  # (input index, id key, bytes) stored
     lines: set[int] = field(default_factory=set)  # input indices of NDJSON lines (their errors name the line)
+    filtered: int = 0  # documents the collection's transformation left out (its WHERE)
     puts: list = field(default_factory=list)  # (shard, its put under way: a future)
 
     def route(self, idx: int, doc_id: Any, id_key: bytes, doc: Any, raw: bytes, generated: bool) -> None:
@@ -121,9 +122,11 @@ def on_line(message: str, idx: int) -> str:
     return message
 
 
-def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
+def prepare(chunk: list, limits: Limits, n_shards: int, transform: Callable[[dict], dict | None] | None = None,
+            ) -> Chunk:
     """Identify, serialize and route a chunk of ``(input index, document)`` items (a document
-    is a dict, a documents.Line, or the SchemaError of an input that could not be read).
+    is a dict, a documents.Line, or the SchemaError of an input that could not be read),
+    each first through ``transform`` (the collection's ingest transformation) if given.
 
     The chunk's dicts are serialized together (:func:`_dict_texts`), and each then takes the
     path of a document given as text: the texts are identified in one compiled call
@@ -134,6 +137,8 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
     parsed."""
     now = documents.now_us()
     out = Chunk([[] for _ in range(n_shards)], set(), {})
+    if transform is not None:
+        chunk = _transformed(chunk, transform, limits, out)
     line_type, identify, serialize = documents.Line, documents.identify, documents.serialize
     texts = _dict_texts(chunk)
     items = []  # (input index, the document, its text to identify or None)
@@ -186,6 +191,40 @@ def prepare(chunk: list, limits: Limits, n_shards: int) -> Chunk:
             continue
         out.route(idx, doc_id, id_key, d, raw, doc.get("_id") is None)
     return out
+
+
+def _transformed(chunk: list, transform: Callable[[dict], dict | None], limits: Limits, out: Chunk) -> list:
+    """The chunk's documents as ``transform`` makes them: text is parsed first (the
+    transformation reads fields), a document it fails on is an error in ``out``, one its
+    WHERE leaves out is counted there."""
+    line_type = documents.Line
+    items = []
+    for idx, doc in chunk:
+        if type(doc) is bytes:
+            doc = line_type(None, doc)
+        if type(doc) is line_type:
+            if doc.numbered:
+                out.lines.add(idx)
+            if doc.doc is None:
+                got = _parsed(doc.raw, limits)
+                if type(got) is _Refused:
+                    out.error(idx, got.doc_id, got.error)
+                    continue
+                doc.doc = got
+            doc = doc.doc
+        if type(doc) is not dict:
+            items.append((idx, doc))  # (a SchemaError, or a value that is no document: said below)
+            continue
+        try:
+            doc = transform(doc)
+        except SchemaError as e:
+            out.error(idx, doc.get("_id"), e)
+            continue
+        if doc is None:
+            out.filtered += 1
+        else:
+            items.append((idx, doc))
+    return items
 
 
 def _dict_texts(chunk: list) -> list | None:
@@ -265,8 +304,10 @@ class Pipeline:
     raises the first failure). Finished chunks go to ``done`` in order, one at a time.
     """
 
-    def __init__(self, shards: list, limits: Limits, indexers: tuple, done):
+    def __init__(self, shards: list, limits: Limits, indexers: tuple, done,
+                 transform: Callable[[dict], dict | None] | None = None):
         self._shards = shards
+        self._transform = transform
         self._limits = limits
         self._indexers = indexers  # empty: put on the calling thread
         self._done = done
@@ -278,7 +319,7 @@ class Pipeline:
         n = len(self._shards)
         step = PUT_DOCS * n
         for start in range(0, len(chunk), step):
-            c = prepare(chunk[start : start + step], self._limits, n)
+            c = prepare(chunk[start : start + step], self._limits, n, self._transform)
             while len(self._chunks) >= IN_FLIGHT:
                 self._finish_first()
             if self._failed is not None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from rtindex import ingest, keys
-from rtindex.errors import InvalidArgumentError
+from rtindex.errors import InvalidArgumentError, SchemaError
 
 if TYPE_CHECKING:
     from rtindex.collection import Collection
@@ -135,7 +135,7 @@ class SourceRunner:
         self.state = "paused" if paused else "starting"
         self.last_error: str | None = None
         self.errors: deque[dict] = deque(maxlen=ERRORS_KEPT)
-        self.counts = {"messages": 0, "bytes": 0, "documents": 0, "errors": 0, "batches": 0}
+        self.counts = {"messages": 0, "bytes": 0, "documents": 0, "filtered": 0, "errors": 0, "batches": 0}
         self._rate = (time.monotonic(), 0, 0)  # (when, messages, bytes) of the last rate sample
         self.rates = {"messages_per_s": 0.0, "bytes_per_s": 0.0}
         self.positions: dict[int, int] = {}  # partition -> next offset stored in every shard
@@ -274,6 +274,7 @@ class SourceRunner:
         """One batch into every shard, with the partitions' next offsets, skipping in each
         shard what it stored before (see the module doc)."""
         topic = self.source.topic
+        transform = self.coll._transform  # the collection's, as it is for this batch
         chunk: list = []
         where: list[tuple[int, int]] = []  # (partition, offset) of each chunk item
         ends: dict[int, int] = {}
@@ -283,6 +284,15 @@ class SourceRunner:
             ends[p] = max(ends.get(p, 0), o + 1)
             nbytes += len(value or b"")
             doc = self._document(value, p, o)
+            if doc is not None and transform is not None:
+                try:
+                    doc = transform(doc)
+                except SchemaError as e:
+                    self._log_error(p, o, e.message)
+                    continue
+                if doc is None:
+                    self.counts["filtered"] += 1
+                    continue
             if doc is None:
                 continue
             if "_id" not in doc:

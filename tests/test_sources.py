@@ -139,6 +139,29 @@ def test_poison_messages_go_to_the_error_log_and_the_rest_is_stored(kafka, tmp_p
         assert "JSON object" in logged[1]["error"] and all(e["error"] for e in logged)
 
 
+def test_the_collections_transformation_shapes_what_a_source_stores(kafka, tmp_path):
+    """Messages go through the transformation: its WHERE is counted as filtered, a message
+    it fails on goes to the error log, one it leaves without an _id gets its offset's; a new
+    transformation applies to the messages stored after it is set."""
+    topic = new_topic(kafka, partitions=1)
+    produce(kafka, topic, [{"i": 0, "secret": 1}, {"i": "one"}, {"i": 2, "skip": True}, {"i": 3, "key": "k3"}],
+            partitions=1)
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=2, transformation=(
+            "SELECT * EXCEPT (secret, key), i * 10 AS i10, key AS _id FROM _input WHERE skip IS NULL"))
+        coll.add_source(rtindex.KafkaSource(kafka.bootstrap, topic, name="src"))
+        st = wait_for(lambda: (s := coll.source("src"))["messages"] == 4 and s)
+        assert (st["documents"], st["filtered"], st["errors"]) == (2, 1, 1)
+        assert "ingest transformation failed" in st["recent_errors"][0]["error"] and st["recent_errors"][0]["offset"] == 1
+        assert coll.get(f"{topic}:0:0") == {"_id": f"{topic}:0:0", "i": 0, "i10": 0,
+                                            "_event_time": coll.get(f"{topic}:0:0")["_event_time"]}
+        assert coll.get("k3")["i10"] == 30
+        coll.set_transformation("SELECT *, 'v2' AS version FROM _input")
+        produce(kafka, topic, [{"i": 4}], partitions=1)
+        wait_for(lambda: coll.get(f"{topic}:0:4") is not None)
+        assert coll.get(f"{topic}:0:4")["version"] == "v2" and "version" not in coll.get("k3")
+
+
 def test_a_topic_made_after_the_source_is_consumed_when_it_appears(kafka, tmp_path):
     topic = f"later-{uuid.uuid4().hex[:8]}"
     with rtindex.open(str(tmp_path / "db")) as db:
