@@ -334,12 +334,15 @@ class RemoteDatabase:
     def __contains__(self, name: str) -> bool:
         return isinstance(name, str) and collection_name(None, name) in self.collection_names()
 
-    def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False) -> "RemoteCollection":
+    def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False, *,
+                          transformation: str | None = None) -> "RemoteCollection":
         """Create a collection of ``shards`` shards (needs an admin key); with ``exist_ok``,
-        an existing one is returned instead of ``AlreadyExistsError``."""
+        an existing one is returned instead of ``AlreadyExistsError``. ``transformation``:
+        its ingest transformation (see Collection.set_transformation)."""
         try:
-            body = orjson.loads(self._request("POST", "/v1/collections",
-                                              json={"name": name, "shards": shards}).content)
+            body = orjson.loads(self._request("POST", "/v1/collections", json={
+                "name": name, "shards": shards, **({"transformation": transformation} if transformation else {})}
+            ).content)
         except AlreadyExistsError:
             if exist_ok:
                 return self.collection(name)
@@ -641,6 +644,9 @@ class RemoteCollection:
         if len(items) != len(pending):
             raise StorageError(f"the server answered {len(items)} statuses for {len(pending)} documents")
         for (idx, own_id, line), it in zip(pending, items):
+            if it.get("status") == "FILTERED":
+                stats.filtered += 1
+                continue
             if it.get("status") == "ERROR":
                 m = _ITEM.match(it.get("error") or "")
                 msg, path = (m["msg"], m["path"] or "$") if m else (it.get("error") or "not stored", "$")
@@ -654,6 +660,21 @@ class RemoteCollection:
                 stats.replaced.append(idx)
         stats.fence = body.get("fence") or stats.fence
         self.db._saw_fence(stats.fence)
+
+    @property
+    def transformation(self) -> str | None:
+        """The SQL of the collection's ingest transformation, or None."""
+        return orjson.loads(self.db._request("GET", self._transformation_path()).content)["sql"]
+
+    def set_transformation(self, sql: str | None) -> None:
+        """Set (None: remove) the ingest transformation for documents from now on (admin key)."""
+        if sql is None:
+            self.db._request("DELETE", self._transformation_path())
+        else:
+            self.db._request("PUT", self._transformation_path(), json={"sql": sql})
+
+    def _transformation_path(self) -> str:
+        return f"/v1/collections/{quote(self.name, safe='')}/transformation"
 
     def patch(self, doc_id: Any, ops: list[dict]) -> dict:
         """Apply an RFC 6902 JSON Patch to a stored document atomically; returns the new one.

@@ -97,7 +97,9 @@ class IngestService:
         for i in range(len(docs)):
             doc_id = stats.doc_ids.get(i)
             e = errors.get(i)
-            if e is not None:
+            if e is None and doc_id is None:  # neither stored nor refused: the transformation's WHERE left it out
+                items.append({"_id": None, "status": "FILTERED", "error": None})
+            elif e is not None:
                 name = names[i] if names is not None else f"document {first + i}"
                 items.append({"_id": doc_id, "status": "ERROR",
                               "error": f"{name}: {e.message}" + (f" at {e.path}" if e.path != "$" else "")})
@@ -237,16 +239,38 @@ class IngestService:
         return items, state["fence"]
 
     # ---------------------------------------------------------------- native routes
-    def _create(self, name: str, shards) -> rtindex.Collection:
+    def _create(self, name: str, shards, transformation) -> rtindex.Collection:
         """Create a collection for either API's route, with the same refusals."""
-        return self.db.create_collection(name, shards=shards)
+        if transformation is not None and not isinstance(transformation, str):
+            raise HttpError(400, "BadRequest", "an ingest transformation is a SQL text: SELECT ... FROM _input")
+        return self.db.create_collection(name, shards=shards, transformation=transformation)
 
     async def create_collection(self, request: Request) -> Response:
         body = await self._json(request)
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-            raise HttpError(400, "BadRequest", 'give {"name": ..., "shards": ...} (shards optional, default 4)')
-        coll = self._create(body["name"], body.get("shards", 4))
-        return json_response({"name": coll.name, "shards": coll.n_shards, "fence": coll.fence()}, 201)
+            raise HttpError(400, "BadRequest", 'give {"name": ..., "shards": ..., "transformation": ...} (shards '
+                                               "optional, default 4; transformation optional)")
+        coll = self._create(body["name"], body.get("shards", 4), body.get("transformation"))
+        return json_response({"name": coll.name, "shards": coll.n_shards, "transformation": coll.transformation,
+                              "fence": coll.fence()}, 201)
+
+    # ---------------------------------------------------------------- ingest transformation
+    async def get_transformation(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        return json_response({"collection": coll.name, "sql": coll.transformation})
+
+    async def set_transformation(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("sql"), str) or set(body) != {"sql"}:
+            raise HttpError(400, "BadRequest", 'give {"sql": "SELECT ... FROM _input [WHERE ...]"}')
+        await anyio.to_thread.run_sync(coll.set_transformation, body["sql"])
+        return json_response({"collection": coll.name, "sql": coll.transformation})
+
+    async def remove_transformation(self, request: Request) -> Response:
+        coll = self.collection(request.path_params["name"])
+        await anyio.to_thread.run_sync(coll.set_transformation, None)
+        return json_response({"collection": coll.name, "sql": None})
 
     async def drop_collection(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -334,7 +358,11 @@ class IngestService:
         if not isinstance(body, dict) or not isinstance(body.get("name"), str):
             raise HttpError(400, "BadRequest", 'give {"name": ...}')
         ws = path_name("workspace", request.path_params["ws"])
-        self._create(rockset_collection(ws, body["name"]), body.get("shards", 4))
+        mapping = body.get("field_mapping_query")  # Rockset's name for the ingest transformation
+        if mapping is not None and not (isinstance(mapping, dict) and isinstance(mapping.get("sql"), str)):
+            raise HttpError(400, "BadRequest", 'field_mapping_query is {"sql": "SELECT ... FROM _input"}')
+        self._create(rockset_collection(ws, body["name"]), body.get("shards", 4),
+                     mapping["sql"] if mapping is not None else None)
         return json_response({"data": {"name": body["name"], "workspace": ws, "status": "READY"}})
 
     async def rockset_docs(self, request: Request) -> Response:

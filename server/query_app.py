@@ -473,10 +473,12 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
         "application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
         "application/x-ndjson": {"schema": {"type": "string"}}}}}
     relayed_docs = {
-        "create_collection": dict(tags=["collections"], summary='Create a collection: {"name", "shards"}',
+        "create_collection": dict(tags=["collections"], summary='Create a collection: {"name", "shards"?, '
+                                                                '"transformation"?}',
                                   openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
                                       "type": "object", "properties": {"name": {"type": "string"},
-                                                                       "shards": {"type": "integer"}}}}}}}),
+                                                                       "shards": {"type": "integer"},
+                                                                       "transformation": {"type": "string"}}}}}}}),
         "drop_collection": dict(tags=["collections"], summary="Drop a collection and its data"),
         "post_docs": dict(tags=["documents"], summary="Add or replace documents: a JSON array, or NDJSON streamed",
                           openapi_extra=docs_body),
@@ -501,6 +503,14 @@ def build_app(db: rtindex.Database, config: ServerConfig, *, lean: bool = True):
         "pause_source": dict(tags=["sources"], summary="Stop consuming, keeping the position"),
         "resume_source": dict(tags=["sources"], summary="Consume again"),
         "remove_source": dict(tags=["sources"], summary="Stop and forget the source, its stored offsets too"),
+        "get_transformation": dict(tags=["collections"], summary="The collection's ingest transformation (SQL "
+                                                                 "or null)"),
+        "set_transformation": dict(tags=["collections"], summary='Set the ingest transformation for documents '
+                                                                 'from now on: {"sql": "SELECT ... FROM _input"}',
+                                   openapi_extra={"requestBody": {"required": True, "content": {
+                                       "application/json": {"schema": {"type": "object", "properties": {
+                                           "sql": {"type": "string"}}, "required": ["sql"]}}}}}),
+        "remove_transformation": dict(tags=["collections"], summary="Store documents as they come from now on"),
         "rockset_create": dict(tags=["rockset"], summary='Create a collection in a workspace: {"name"}'),
         "rockset_docs": dict(tags=["rockset"], summary='Add documents: {"data": [...]}'),
         "rockset_patch": dict(tags=["rockset"], summary='Patch documents: {"data": [{"_id", "patch"}]}'),

@@ -417,3 +417,18 @@ def test_json_path_works_as_embedded(db, tmp_path):
     assert coll.ingest_file(path, json_path="data.items").n == 5 and coll.count() == 5
     with pytest.raises(ValueError, match="holds a dict"):
         coll.ingest(answer, json_path="data")
+
+
+def test_an_ingest_transformation_as_embedded(db):
+    name = fresh("tr")
+    coll = db.create_collection(name, shards=2, transformation="SELECT * EXCEPT (pw), k AS _id FROM _input "
+                                                               "WHERE k IS NOT NULL")
+    assert coll.transformation == "SELECT * EXCEPT (pw), k AS _id FROM _input WHERE k IS NOT NULL"
+    stats = coll.ingest([{"k": "a", "pw": 1}, {"pw": 2}, {"k": "b"}], errors="report")
+    assert (stats.n, stats.filtered, stats.ids) == (2, 1, ["a", "b"])
+    assert coll.get("a") == {"_id": "a", "k": "a", "_event_time": coll.get("a")["_event_time"]}
+    with pytest.raises(rtindex.SqlError, match="GROUP BY"):
+        coll.set_transformation("SELECT k FROM _input GROUP BY k")
+    coll.set_transformation(None)
+    assert coll.transformation is None
+    assert coll.ingest([{"_id": "c", "pw": 3}]).n == 1 and coll.get("c")["pw"] == 3
