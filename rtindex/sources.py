@@ -359,8 +359,14 @@ class SourceRunner:
                           "bytes_per_s": (self.counts["bytes"] - b) / (now - t)}
         self._rate = (now, self.counts["messages"], self.counts["bytes"])
         for tp in consumer.assignment():
+            # the end each fetch reply carries, cached by the client; asking the broker
+            # waits behind the consumer's own pending fetch (fetch.wait.max.ms a partition),
+            # so only a partition not fetched yet is asked
             try:
-                _, high = consumer.get_watermark_offsets(tp, timeout=1, cached=False)
+                _, high = consumer.get_watermark_offsets(tp, cached=True)
+                if high < 0:
+                    _, high = consumer.get_watermark_offsets(tp, timeout=1, cached=False)
             except Exception:  # noqa: BLE001 - a broker away: the lag shown is the last read
                 continue
-            self.high[tp.partition] = high
+            if high >= 0:
+                self.high[tp.partition] = high
