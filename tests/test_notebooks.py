@@ -3,7 +3,10 @@
 A notebook can run without error and still show nothing: ``matplotlib.use("Agg")`` in a
 cell turned the inline backend off, and the plot went nowhere. So each notebook is executed
 here (nbclient, in a real kernel, in an empty working directory) and each code cell that
-calls a plotting function must have an ``image/png`` among its outputs.
+calls a plotting function must have an ``image/png`` among its outputs. A notebook that
+reads ``KAFKA_BOOTSTRAP`` runs against the tests' own Kafka broker (the ``kafka`` fixture,
+started only for such notebooks, and skipped where it cannot run); the kernel inherits the
+variable from this process.
 """
 
 from __future__ import annotations
@@ -28,10 +31,18 @@ def shows_an_image(cell) -> bool:
     return any("image/png" in out.get("data", {}) for out in cell.outputs)
 
 
+def needs_kafka(nb) -> bool:
+    """The notebook connects to a Kafka broker at $KAFKA_BOOTSTRAP."""
+    return any("KAFKA_BOOTSTRAP" in c.source for c in nb.cells)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_and_shows_its_plots(path, tmp_path):
+def test_notebook_runs_and_shows_its_plots(path, tmp_path, request, monkeypatch):
     nb = nbformat.read(path, as_version=4)
     assert plotting_cells(nb), f"{path.name} has no plot: is the PLOTS pattern still right?"
+    if needs_kafka(nb):
+        pytest.importorskip("confluent_kafka")
+        monkeypatch.setenv("KAFKA_BOOTSTRAP", request.getfixturevalue("kafka").bootstrap)
     NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     blank = [i for i, cell in plotting_cells(nb) if not shows_an_image(cell)]
