@@ -79,6 +79,7 @@ if os.environ.get("RTINDEX_PURE_PYTHON") == "1":
         scan_top,
         split_array,
         tail_rows,
+        top_rewrite,
     )
 
     IMPLEMENTATION = "python"
@@ -107,6 +108,7 @@ else:
             scan_top,
             split_array,
             tail_rows,
+            top_rewrite,
         )
     except ImportError as e:  # pragma: no cover - depends on the build (tests/test_impl.py runs it)
         raise ImportError(missing_extensions_hint(Path(__file__).resolve().parent)) from e
@@ -138,6 +140,7 @@ __all__ = [
     "split_array",
     "tail_rows",
     "terms_get",
+    "top_rewrite",
     "untrack_json",
     "Wake",
     "Watch",

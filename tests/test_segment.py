@@ -1591,3 +1591,43 @@ def test_identify_texts_matches_the_reference(texts, max_bytes):
         assert g == w, text
         if len(g) == 4:
             assert orjson.loads(g[2])["_id"] == g[0]  # what is stored says the _id it was given
+
+
+# -- top_rewrite: an ingest transformation's scan of a document's top level ------------
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=json_documents(), picks=st.lists(st.integers(0, 9), max_size=6, unique=True), n_drop=st.integers(0, 6),
+       extra=st.sampled_from([(), (b"absent",), (b"_id",)]))
+def test_top_rewrite_keeps_and_finds_what_a_parse_reads(raw, picks, n_drop, extra):
+    """Compiled against the parse: the text kept is the members not dropped, each span is
+    its key's value (-1 for one absent); None only for a key written with an escape."""
+    from rtindex._ext._segment import top_rewrite
+    from rtindex._py.segment import top_rewrite as reference
+
+    doc = orjson.loads(raw)
+    names = list(doc)
+    keys_ = tuple(dict.fromkeys([orjson.dumps(names[i])[1:-1] for i in picks if i < len(names)] + list(extra)))
+    n_drop = min(n_drop, len(keys_))
+    got = top_rewrite(raw, keys_, n_drop)
+    if got is None:
+        assert b"\\" in raw
+        return
+    kept, spans = got
+    dropped = {orjson.loads(b'"' + k + b'"') for k in keys_[:n_drop]}
+    assert orjson.loads(b"{" + kept + b"}") == {k: v for k, v in doc.items() if k not in dropped}
+    for i, k in enumerate(keys_):
+        name = orjson.loads(b'"' + k + b'"')
+        if name in doc:
+            assert orjson.loads(raw[spans[2 * i]:spans[2 * i + 1]]) == doc[name]
+        else:
+            assert spans[2 * i] == spans[2 * i + 1] == -1
+    if raw == orjson.dumps(doc):  # the reference's contract: text as orjson writes it
+        assert reference(raw, keys_, n_drop) == (kept, spans)
+
+
+@pytest.mark.parametrize("raw", [b'{"a":1,"a":2}', b'{"a":1} x', b"[1]", b'{"a" 1}', b'{"a":1,}', b'{"a":1', b"",
+                                 b'{"\\u0061":1}'])
+def test_top_rewrite_leaves_what_it_cannot_tell_to_the_parse(raw):
+    from rtindex._ext._segment import top_rewrite
+
+    assert top_rewrite(raw, (b"a",), 0) is None
+    assert top_rewrite(b' {"b": [1, {"c": "}"}], "a": "q\\"" } ', (b"b", b"a"), 1) == (b'"a": "q\\""', [7, 22, 29, 34])

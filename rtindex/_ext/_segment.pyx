@@ -3676,6 +3676,94 @@ def member_span(data, key):
     return None
 
 
+def top_rewrite(data, tuple keys, Py_ssize_t n_drop):
+    """What an ingest transformation needs to rewrite the JSON object ``data`` without
+    parsing it: ``(kept, spans)``. ``keys`` are top-level keys (bytes, as written between
+    the quotes); the members of the first ``n_drop`` are left out of ``kept``, the text of
+    the other members joined by commas (without the braces); ``spans[2k], spans[2k+1]``
+    are the start and end of the value of ``keys[k]`` (-1, -1 where absent). None when the
+    scan cannot tell: not one object, a key with an escape, one of ``keys`` twice, text
+    after the closing brace. Values are skipped, not validated."""
+    cdef const unsigned char* p
+    cdef size_t n, i, j, ks, kl, vs, ms
+    cdef Py_ssize_t nk = len(keys), k, found
+    cdef const char** kp = NULL
+    cdef size_t* kn = NULL
+    cdef Py_ssize_t* at = NULL
+    cdef unsigned char* out = NULL
+    cdef size_t used = 0
+    cdef bint ok = False
+    if type(data) is not bytes:
+        raise TypeError(f"top_rewrite takes bytes, not {type(data).__name__}")
+    for key in keys:
+        if type(key) is not bytes:
+            raise TypeError("top_rewrite takes keys as bytes")
+    p = <const unsigned char*>PyBytes_AS_STRING(data)
+    n = <size_t>PyBytes_GET_SIZE(data)
+    kp = <const char**>malloc((nk + 1) * sizeof(char*))
+    kn = <size_t*>malloc((nk + 1) * sizeof(size_t))
+    at = <Py_ssize_t*>malloc((2 * nk + 1) * sizeof(Py_ssize_t))
+    out = <unsigned char*>malloc(n + 1)
+    if kp == NULL or kn == NULL or at == NULL or out == NULL:
+        free(kp); free(kn); free(at); free(out)
+        raise MemoryError()
+    try:
+        for k in range(nk):
+            kp[k] = PyBytes_AS_STRING(<bytes>PyTuple_GET_ITEM(keys, k))
+            kn[k] = <size_t>PyBytes_GET_SIZE(<bytes>PyTuple_GET_ITEM(keys, k))
+            at[2 * k] = at[2 * k + 1] = -1
+        with nogil:
+            i = skip_ws(p, 0, n)
+            if i < n and p[i] == 0x7B:
+                i = skip_ws(p, i + 1, n)
+                if i < n and p[i] == 0x7D:
+                    ok = skip_ws(p, i + 1, n) == n
+                else:
+                    while i < n and p[i] == 0x22:
+                        ms = i
+                        ks = i + 1
+                        j = skip_string(p, ks, n)
+                        if j == 0:
+                            break
+                        kl = j - 1 - ks
+                        if memchr(p + ks, 0x5C, kl) != NULL:
+                            break
+                        found = -1
+                        for k in range(nk):
+                            if kn[k] == kl and memcmp(p + ks, kp[k], kl) == 0:
+                                found = k
+                                break
+                        i = skip_ws(p, j, n)
+                        if i >= n or p[i] != 0x3A:
+                            break
+                        vs = skip_ws(p, i + 1, n)
+                        j = skip_value(p, vs, n)
+                        if j == 0:
+                            break
+                        if found >= 0:
+                            if at[2 * found] >= 0:
+                                break  # a key twice: the parse decides which one counts
+                            at[2 * found] = <Py_ssize_t>vs
+                            at[2 * found + 1] = <Py_ssize_t>j
+                        if found < 0 or found >= n_drop:
+                            if used:
+                                out[used] = 0x2C
+                                used += 1
+                            memcpy(out + used, p + ms, j - ms)
+                            used += j - ms
+                        i = skip_ws(p, j, n)
+                        if i < n and p[i] == 0x2C:
+                            i = skip_ws(p, i + 1, n)
+                            continue
+                        ok = i < n and p[i] == 0x7D and skip_ws(p, i + 1, n) == n
+                        break
+        if not ok:
+            return None
+        return PyBytes_FromStringAndSize(<const char*>out, used), [at[k] for k in range(2 * nk)]
+    finally:
+        free(kp); free(kn); free(at); free(out)
+
+
 def nonfinite_path(doc):
     """``(path, value)`` of the first NaN or infinite float in ``doc`` (dicts, lists and
     tuples nested, in the order orjson serializes them), or None: orjson writes such a float

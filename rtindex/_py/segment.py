@@ -139,6 +139,34 @@ def member_span(data: bytes, key: str) -> tuple[int, int] | None:
     return None if at < 0 else (at, at + len(text))
 
 
+def top_rewrite(data: bytes, keys: tuple, n_drop: int) -> tuple[bytes, list[int]] | None:
+    """The contract of the compiled ``top_rewrite``, from a parse: the kept members
+    re-serialized (the compiled one copies their text) and the spans found by searching
+    each value's re-serialized text, so it holds for text as orjson writes it."""
+    if type(data) is not bytes:
+        raise TypeError(f"top_rewrite takes bytes, not {type(data).__name__}")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    written = {orjson.dumps(k)[1:-1]: v for k, v in doc.items()}
+    if any(b"\\" in k for k in written):
+        return None
+    dropped = set(keys[:n_drop])
+    kept = b",".join(b'"' + k + b'":' + orjson.dumps(v) for k, v in written.items() if k not in dropped)
+    spans: list[int] = []
+    for key in keys:
+        if key not in written:
+            spans += [-1, -1]
+            continue
+        member = b'"' + key + b'":' + orjson.dumps(written[key])
+        start = data.find(member) + len(key) + 3
+        spans += [start, start + len(member) - len(key) - 3]
+    return kept, spans
+
+
 class _NotUtf8:
     """Where a string column holds bytes that are not UTF-8: ``walk`` refuses it."""
 
