@@ -41,7 +41,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import orjson
 
@@ -49,6 +49,7 @@ from rtindex import documents
 from rtindex._impl import SegmentBuilder, identify_texts
 from rtindex.documents import ItemError, Limits
 from rtindex.errors import SchemaError
+from rtindex.transform import FALLBACK, Transformation
 
 SWITCH_INTERVAL = 0.0005
 # Documents a shard takes per put: its mutable segment is checked against seal_rows and
@@ -122,8 +123,7 @@ def on_line(message: str, idx: int) -> str:
     return message
 
 
-def prepare(chunk: list, limits: Limits, n_shards: int, transform: Callable[[dict], dict | None] | None = None,
-            ) -> Chunk:
+def prepare(chunk: list, limits: Limits, n_shards: int, transform: Transformation | None = None) -> Chunk:
     """Identify, serialize and route a chunk of ``(input index, document)`` items (a document
     is a dict, a documents.Line, or the SchemaError of an input that could not be read),
     each first through ``transform`` (the collection's ingest transformation) if given.
@@ -193,10 +193,10 @@ def prepare(chunk: list, limits: Limits, n_shards: int, transform: Callable[[dic
     return out
 
 
-def _transformed(chunk: list, transform: Callable[[dict], dict | None], limits: Limits, out: Chunk) -> list:
-    """The chunk's documents as ``transform`` makes them: text is parsed first (the
-    transformation reads fields), a document it fails on is an error in ``out``, one its
-    WHERE leaves out is counted there."""
+def _transformed(chunk: list, transform: Transformation, limits: Limits, out: Chunk) -> list:
+    """The chunk's documents as ``transform`` makes them: text rewritten as text where the
+    transformation can (Transformation.text), else parsed first; a document it fails on is
+    an error in ``out``, one its WHERE leaves out is counted there."""
     line_type = documents.Line
     items = []
     for idx, doc in chunk:
@@ -205,6 +205,18 @@ def _transformed(chunk: list, transform: Callable[[dict], dict | None], limits: 
         if type(doc) is line_type:
             if doc.numbered:
                 out.lines.add(idx)
+            if doc.doc is None and transform.takes_text and len(doc.raw) <= limits.max_document_bytes:
+                try:
+                    text = transform.text(doc.raw)
+                except SchemaError as e:
+                    out.error(idx, None, e)
+                    continue
+                if text is None:
+                    out.filtered += 1
+                    continue
+                if text is not FALLBACK:
+                    items.append((idx, line_type(None, text, doc.numbered)))
+                    continue
             if doc.doc is None:
                 got = _parsed(doc.raw, limits)
                 if type(got) is _Refused:
@@ -304,8 +316,7 @@ class Pipeline:
     raises the first failure). Finished chunks go to ``done`` in order, one at a time.
     """
 
-    def __init__(self, shards: list, limits: Limits, indexers: tuple, done,
-                 transform: Callable[[dict], dict | None] | None = None):
+    def __init__(self, shards: list, limits: Limits, indexers: tuple, done, transform: Transformation | None = None):
         self._shards = shards
         self._transform = transform
         self._limits = limits

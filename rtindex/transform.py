@@ -14,6 +14,12 @@ functions of :data:`FUNCTIONS`; anything else is a SqlError naming it and where 
 document the transformation cannot take (``x * 2`` where ``x`` is a string, a CAST that
 fails) is refused with a SchemaError saying why, and the other documents go on.
 
+A document given as JSON text (NDJSON, a JSON array, a Kafka message) takes a shorter way
+when the transformation only drops, renames and computes top-level fields: the compiled
+``top_rewrite`` copies the members kept as text, and only the fields read by an
+expression, a rename or WHERE, and those dropped (which a parse would have checked), are
+parsed. :meth:`Transformation.text` is that way; anything it cannot take goes the dict way.
+
 Values are JSON values and datetimes (from CAST AS TIMESTAMP and the time functions);
 operators follow docs/sql.md: comparisons are within a type family (numbers, strings,
 bools, timestamps; across families UNKNOWN), logic is three-valued, ``/`` divides as
@@ -31,6 +37,8 @@ import orjson
 import sqlglot
 from sqlglot import exp
 
+from rtindex import documents
+from rtindex._impl import top_rewrite
 from rtindex.errors import SchemaError, SqlError
 from rtindex.sql import messages
 from rtindex.sql.predicates import TIME_FUNCTIONS, call_value
@@ -55,12 +63,15 @@ FUNCTIONS = ("CAST", "TRY_CAST", "COALESCE", "NULLIF", "IF", "CONCAT", "CONCAT_W
              *sorted(TIME_FUNCTIONS))
 
 
+FALLBACK = object()  # Transformation.text: this text goes the dict way
+
+
 class Transformation:
     """A checked, compiled ingest transformation: ``t(doc)`` is the document to store, or
     None when WHERE leaves it out; SchemaError when the document cannot be transformed.
     The input document is never changed."""
 
-    __slots__ = ("sql", "_run")
+    __slots__ = ("sql", "_run", "_text")
 
     def __init__(self, sql: str):
         if not isinstance(sql, str) or not sql.strip():
@@ -69,7 +80,7 @@ class Transformation:
         if len(sql) > MAX_SQL:
             raise SqlError(f"an ingest transformation is at most {MAX_SQL} characters, not {len(sql)}")
         self.sql = sql
-        self._run = _Compiler(sql).compile()
+        self._run, self._text = _Compiler(sql).compile()
 
     def __call__(self, doc: dict) -> dict | None:
         try:
@@ -78,6 +89,23 @@ class Transformation:
             raise SchemaError(f"the ingest transformation failed: {e.args[0]}", e.args[1]) from None
         except RecursionError:
             raise SchemaError("the ingest transformation failed: the document nests too deep") from None
+
+    @property
+    def takes_text(self) -> bool:
+        """Whether :meth:`text` can rewrite documents given as text."""
+        return self._text is not None
+
+    def text(self, raw: bytes) -> Any:
+        """The JSON text to store for the document ``raw``, the same document ``t(parsed)``
+        makes (its members in another order); None when WHERE leaves it out; FALLBACK when
+        it must be parsed and go the dict way (a text the scan cannot read, a dropped or
+        read value that is not JSON: the parse says what is wrong)."""
+        try:
+            return self._text(raw)
+        except _Failed as e:
+            raise SchemaError(f"the ingest transformation failed: {e.args[0]}", e.args[1]) from None
+        except (orjson.JSONDecodeError, RecursionError):
+            return FALLBACK
 
     def __repr__(self) -> str:
         return f"Transformation({self.sql!r})"
@@ -93,6 +121,7 @@ class _Compiler:
     def __init__(self, sql: str):
         self.sql = sql
         self.alias = INPUT  # what names the input in the text (FROM _input AS i: also i)
+        self.reads: set = set()  # the top-level fields the expressions read
 
     def error(self, what: str, node: exp.Expression | None) -> SqlError:
         if node is None:
@@ -133,7 +162,7 @@ class _Compiler:
             raise self.error("subqueries are not taken", node)
         return tree
 
-    def compile(self) -> Callable[[dict], dict | None]:
+    def compile(self) -> tuple[Callable[[dict], dict | None], Callable[[bytes], Any] | None]:
         tree = self.statement()
         where = self.expr(tree.args["where"].this) if tree.args.get("where") else None
         drops: list[tuple] | None = None  # paths * EXCEPT leaves out; None: no *
@@ -172,7 +201,10 @@ class _Compiler:
                 computed.append((name, self.expr(node)))
         if drops is None and not lifts and not names:
             raise SqlError("ingest transformation: it selects nothing", self.sql)
-        return _assemble(where, drops, lifts, renames, computed)
+        text = None
+        if drops is not None and not lifts and all(len(p) == 1 for p in drops):
+            text = _text_way(where, [p[0] for p in drops], renames, computed, self.reads)
+        return _assemble(where, drops, lifts, renames, computed), text
 
     # -- field references -------------------------------------------------------------
     def path(self, node: exp.Expression, star: bool = False) -> tuple:
@@ -213,6 +245,7 @@ class _Compiler:
         return path[0]
 
     def path_fn(self, path: tuple) -> Fn:
+        self.reads.add(path[0])
         if len(path) == 1:
             key = path[0]
             return lambda d: d.get(key)
@@ -337,6 +370,51 @@ def _assemble(where: Fn | None, drops: list[tuple] | None, lifts: list, renames:
             else:
                 out[name] = v
         return out
+    return run
+
+
+def _text_way(where: Fn | None, drops: list[str], renames: list, computed: list, reads: set):
+    """Transformation.text for a transformation of ``*`` with top-level drops, renames and
+    computed fields (see the module doc); None when a name is written with an escape in
+    JSON (the scan compares names as written)."""
+    def key(name: str) -> bytes:
+        return orjson.dumps(name)[1:-1]
+    replaced = [name for name, _ in renames] + [name for name, _ in computed]
+    dropped = list(dict.fromkeys([*drops, *replaced]))  # left out of the text that is kept
+    read = [k for k in dict.fromkeys([*(src for _, src in renames), *reads]) if k not in dropped]
+    keys = tuple(key(k) for k in [*dropped, *read])
+    if any(b"\\" in k for k in keys) or any(b"\\" in key(name) for name in replaced):
+        return None
+    n_drop = len(dropped)
+    position = {k: i for i, k in enumerate([*dropped, *read])}
+    parsed = [(name, position[name]) for name in dict.fromkeys([*reads]) if name in position]
+    checked = [i for i, name in enumerate(dropped) if name not in reads]  # dropped, parsed only to check them
+    moved = [(orjson.dumps(name) + b":", position[src]) for name, src in renames]
+    made = [(orjson.dumps(name) + b":", fn) for name, fn in computed]
+    loads, dumps, null = orjson.loads, orjson.dumps, b"null"
+
+    def run(raw: bytes) -> Any:
+        got = top_rewrite(raw, keys, n_drop)
+        if got is None:
+            return FALLBACK
+        kept, at = got
+        for i in checked:
+            if at[2 * i] >= 0:
+                loads(raw[at[2 * i]:at[2 * i + 1]])
+        doc = {name: loads(raw[at[2 * i]:at[2 * i + 1]]) for name, i in parsed if at[2 * i] >= 0}
+        if where is not None and where(doc) is not True:
+            return None
+        parts = [kept] if kept else []
+        for name, i in moved:
+            if at[2 * i] >= 0:
+                value = raw[at[2 * i]:at[2 * i + 1]]
+                if value != null:
+                    parts.append(name + value)
+        for name, fn in made:
+            v = fn(doc)
+            if v is not None:
+                parts.append(name + dumps(v if type(v) is not datetime else documents.json_value(v)))
+        return b"{" + b",".join(parts) + b"}"
     return run
 
 

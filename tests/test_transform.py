@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import rtindex
 from rtindex.errors import CorruptionError, SchemaError, SqlError
-from rtindex.transform import Transformation
+from rtindex.transform import FALLBACK, Transformation
+from tests.jsontext import VALUES
 
 BENCH_LIKE = ("SELECT * EXCEPT (a, b, c, d, e, f, g, h, i, j, r1, r2), r1 AS renamed1, r2 AS renamed2, "
               "n * 2 AS doubled, LOWER(s) AS lowered FROM _input")
@@ -188,6 +189,50 @@ def test_text_expressions_agree_with_duckdb(expr, s, t):
     got = Transformation(f"SELECT {expr} AS v FROM _input")(values).get("v")
     want = duckdb.execute(f"SELECT {expr} AS v FROM (SELECT $s::VARCHAR AS s, $t::VARCHAR AS t)", values).fetchone()[0]
     assert got == want, (expr, s, t, got, want)
+
+
+# -- the text way against the dict way -----------------------------------------------
+TEXT_WAY = [
+    "SELECT * EXCEPT (a, b), a AS a2, CAST(n AS VARCHAR) AS n_text, COALESCE(s, 'none') AS s2 FROM _input "
+    "WHERE c IS NOT NULL OR n IS NULL",
+    "SELECT *, b AS a FROM _input",
+    'SELECT * EXCEPT ("x y", c), _input.c AS "x y" FROM _input',
+    "SELECT *, LENGTH(s) AS len, a.q AS q, n * 2 AS n FROM _input WHERE NOT (s = 'skip')",
+    "SELECT *, TIMESTAMP_MILLIS(n) AS t FROM _input",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(sql=st.sampled_from(TEXT_WAY), doc=st.fixed_dictionaries({}, optional={
+    "a": VALUES, "b": VALUES, "c": VALUES, "n": st.one_of(st.integers(-10**9, 10**9), VALUES),
+    "s": st.one_of(st.sampled_from(["skip", "x"]), VALUES), "x y": VALUES, "z": VALUES}))
+def test_the_text_way_makes_the_document_the_dict_way_makes(sql, doc):
+    t = Transformation(sql)
+    assert t.takes_text
+    raw = orjson.dumps(doc)
+    try:
+        want = t(orjson.loads(raw))
+    except SchemaError as e:
+        with pytest.raises(SchemaError) as got:
+            t.text(raw)
+        assert got.value.message == e.message
+        return
+    got = t.text(raw)
+    assert got is not FALLBACK
+    if want is None:
+        assert got is None
+    else:
+        assert orjson.loads(got) == rtindex.documents.json_value(want)
+
+
+def test_the_text_way_leaves_to_the_parse_what_it_cannot_read():
+    t = Transformation("SELECT * EXCEPT (a) FROM _input")
+    assert t.text(b'{"a": tru, "b": 1}') is FALLBACK  # a dropped value is checked as a parse would
+    assert t.text(b'{"\\u0061": 1}') is FALLBACK
+    assert t.text(b'{"b": 1, "b": 2}') == b'{"b": 1,"b": 2}'  # (the indexer refuses it, as untransformed)
+    assert not Transformation("SELECT o.* FROM _input").takes_text
+    assert not Transformation("SELECT * EXCEPT (o.p) FROM _input").takes_text
+    assert not Transformation("SELECT a FROM _input").takes_text
 
 
 # -- in a collection ------------------------------------------------------------------
