@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from rtindex import ingest, keys
+from rtindex import documents, ingest, keys
+from rtindex._impl import scan_top
 from rtindex.errors import InvalidArgumentError, SchemaError
+from rtindex.transform import FALLBACK, Transformation
 
 if TYPE_CHECKING:
     from rtindex.collection import Collection
@@ -273,7 +275,6 @@ class SourceRunner:
     def _store(self, msgs: list) -> None:
         """One batch into every shard, with the partitions' next offsets, skipping in each
         shard what it stored before (see the module doc)."""
-        topic = self.source.topic
         transform = self.coll._transform  # the collection's, as it is for this batch
         chunk: list = []
         where: list[tuple[int, int]] = []  # (partition, offset) of each chunk item
@@ -283,20 +284,9 @@ class SourceRunner:
             p, o, value = m.partition(), m.offset(), m.value()
             ends[p] = max(ends.get(p, 0), o + 1)
             nbytes += len(value or b"")
-            doc = self._document(value, p, o)
-            if doc is not None and transform is not None:
-                try:
-                    doc = transform(doc)
-                except SchemaError as e:
-                    self._log_error(p, o, e.message)
-                    continue
-                if doc is None:
-                    self.counts["filtered"] += 1
-                    continue
+            doc = self._item(value or b"", p, o, transform)
             if doc is None:
                 continue
-            if "_id" not in doc:
-                doc["_id"] = message_id(topic, p, o)
             chunk.append((len(chunk), doc))
             where.append((p, o))
         prepared = ingest.prepare(chunk, self.coll._limits, self.coll.n_shards) if chunk else None
@@ -318,6 +308,41 @@ class SourceRunner:
         self.counts["bytes"] += nbytes
         self.counts["documents"] += stored
         self.counts["batches"] += 1
+
+    def _item(self, value: bytes, partition: int, offset: int, transform: Transformation | None) -> Any:
+        """What ingest takes for a message: its JSON text as it came (or as the
+        transformation rewrote it) with the ``_id`` of its offset added where it has none,
+        or the document parsed (the text way could not take it); None when it is not
+        stored (logged as an error, or counted as filtered)."""
+        text: Any = value if transform is None else None
+        if transform is not None and transform.takes_text:
+            try:
+                text = transform.text(value)
+            except SchemaError as e:
+                self._log_error(partition, offset, e.message)
+                return None
+            if text is None:
+                self.counts["filtered"] += 1
+                return None
+        if text is not None and text is not FALLBACK:
+            status, doc_id, _, _, close, members = scan_top(text)
+            if status == 0:
+                if doc_id is not None:
+                    return documents.Line(None, text)
+                return documents.Line(None, text[:close].rstrip() + (b"," if members else b"") + b'"_id":' +
+                                      orjson.dumps(message_id(self.source.topic, partition, offset)) + b"}")
+        doc = self._document(value, partition, offset)
+        if doc is not None and transform is not None:
+            try:
+                doc = transform(doc)
+            except SchemaError as e:
+                self._log_error(partition, offset, e.message)
+                return None
+            if doc is None:
+                self.counts["filtered"] += 1
+        if doc is not None and "_id" not in doc:
+            doc["_id"] = message_id(self.source.topic, partition, offset)
+        return doc
 
     def _document(self, value: bytes | None, partition: int, offset: int) -> dict | None:
         """A message's document, or None (logged) when it is not a JSON object."""
