@@ -229,7 +229,6 @@ def test_the_text_way_leaves_to_the_parse_what_it_cannot_read():
     t = Transformation("SELECT * EXCEPT (a) FROM _input")
     assert t.text(b'{"a": tru, "b": 1}') is FALLBACK  # a dropped value is checked as a parse would
     assert t.text(b'{"\\u0061": 1}') is FALLBACK
-    assert t.text(b'{"b": 1, "b": 2}') == b'{"b": 1,"b": 2}'  # (the indexer refuses it, as untransformed)
     assert not Transformation("SELECT o.* FROM _input").takes_text
     assert not Transformation("SELECT * EXCEPT (o.p) FROM _input").takes_text
     assert not Transformation("SELECT a FROM _input").takes_text
@@ -282,6 +281,16 @@ def test_every_ingest_path_applies_it(tmp_path, form):
         _check(coll, 8)
         again = coll.ingest(docs)  # _id from the fields: the same documents replace themselves
         assert len(again.replaced) == 7 and len(coll) == 7
+
+
+def test_a_key_twice_is_refused_with_and_without_a_transformation(tmp_path):
+    with rtindex.open(str(tmp_path / "db")) as db:
+        coll = db.create_collection("ev", shards=1)
+        line = b'{"b": 1, "b": 2}\n'
+        plain = coll.ingest(line, errors="report").errors
+        coll.set_transformation("SELECT * EXCEPT (z) FROM _input")
+        assert [e.message for e in coll.ingest(line, errors="report").errors] == [e.message for e in plain]
+        assert plain and "duplicate key" in plain[0].message
 
 
 def test_a_document_it_fails_on_is_an_error_and_the_rest_are_stored(tmp_path):

@@ -162,8 +162,10 @@ def top_rewrite(data: bytes, keys: tuple, n_drop: int) -> tuple[bytes, list[int]
             spans += [-1, -1]
             continue
         member = b'"' + key + b'":' + orjson.dumps(written[key])
-        start = data.find(member) + len(key) + 3
-        spans += [start, start + len(member) - len(key) - 3]
+        at = data.find(member)
+        if at < 0:  # (written otherwise: the parse way takes it)
+            return None
+        spans += [at + len(key) + 3, at + len(member)]
     return kept, spans
 
 
