@@ -47,7 +47,8 @@ _UNSAFE = re.compile(r"plugin|location|kinit|keytab|\.cmd$|_cb$|interceptor|path
 MAX_SOURCES = 16  # per collection
 _SECRET = re.compile(r"password|secret|key|token|credential", re.I)  # options never shown in a status
 BATCH_MESSAGES = ingest.PUT_DOCS  # a batch at most, per shard of the collection
-POLL_SECONDS = 0.05  # the longest a batch waits for more messages
+POLL_SECONDS = 0.05  # the longest a poll waits for a message when there is none
+IN_FLIGHT = 2  # batches under way at once: the next is read and prepared while one is put
 LAG_EVERY = 1.0  # seconds between reads of the partitions' high watermarks
 ERRORS_KEPT = 100  # recent per-message errors in status(); all of them are in the error log
 ERROR_LOG_BYTES = 16 << 20  # the error log is rotated past this (one older file is kept)
@@ -144,6 +145,7 @@ class SourceRunner:
         self._stored: list[dict[int, int]] = []  # per shard: partition -> next offset it has stored
         self.high: dict[int, int] = {}  # partition -> high watermark, read every LAG_EVERY
         self._lag_read = 0.0
+        self._in_flight: deque = deque()  # batches whose puts are under way, oldest first
         self._error_log = os.path.join(coll.path, "sources", f"{self.name}.errors.ndjson")
 
     # -- control ------------------------------------------------------------------
@@ -175,7 +177,7 @@ class SourceRunner:
         definition["options"] = {k: "***" if _SECRET.search(k) else v for k, v in definition["options"].items()}
         return {"name": self.name, **definition, "state": self.state, "paused": self._paused,
                 **self.counts, **self.rates, "lag": lag, "lag_total": sum(lag.values()),
-                "caught_up": bool(self.high) and not any(lag.values()),
+                "caught_up": bool(self.high) and set(self.high) >= set(self.positions) and not any(lag.values()),
                 "offsets": dict(self.positions), "last_error": self.last_error,
                 "recent_errors": list(self.errors), "error_log": self._error_log}
 
@@ -195,20 +197,31 @@ class SourceRunner:
                 if self._paused:
                     self._wait_paused(consumer)
                     continue
-                msgs = consumer.consume(BATCH_MESSAGES * self.coll.n_shards, POLL_SECONDS)
+                # the first message as soon as there is one, then what the client holds
+                # already: a batch is as large as the backlog allows, and never waited for
+                first = consumer.poll(POLL_SECONDS if not self._in_flight else 0)
+                if first is None:
+                    self._drain()  # nothing new: what is under way is finished now
+                    self._sample(consumer)
+                    continue
+                msgs = [first, *consumer.consume(BATCH_MESSAGES * self.coll.n_shards - 1, 0)]
                 got = [m for m in msgs if m.error() is None]
                 for m in msgs:
                     if m.error() is not None:
                         self._client_error(m.error())
                 if got:
                     self._store(got)
-                    consumer.commit(offsets=self._commit_offsets(got), asynchronous=True)
                     self.state = "running"
                 self._sample(consumer)
+            self._drain()
         except Exception as e:  # noqa: BLE001 - the source stops; status() says why
             self.state = "failed"
             self.last_error = f"{type(e).__name__}: {e}"
         finally:
+            try:
+                self._drain()  # (after a failure: the puts under way end before the shards may close)
+            except Exception:  # noqa: BLE001 - the failure is the one status() shows
+                pass
             if self._consumer is not None:
                 try:
                     self._consumer.close()
@@ -222,6 +235,7 @@ class SourceRunner:
         this consumer): a message polled meanwhile is sought back, never dropped."""
         from confluent_kafka import TopicPartition
 
+        self._drain()
         self.state = "paused"
         if consumer.assignment():
             consumer.pause(consumer.assignment())
@@ -250,6 +264,7 @@ class SourceRunner:
     def _on_assign(self, consumer, partitions) -> None:
         """Start each assigned partition where every shard has stored it (the first time,
         where ``start`` says, recorded in every shard before anything is consumed)."""
+        self._drain()
         stored = self._stored = [s.source_offsets(self.name) for s in self.coll._shards]
         first: list = []
         for tp in partitions:
@@ -293,21 +308,50 @@ class SourceRunner:
         for e in prepared.errors if prepared is not None else ():
             self._log_error(*where[e.index], f"{e.path}: {e.message}" if e.path else e.message)
         meta = [(keys.meta_source_offset(self.name, p), keys.u64(o)) for p, o in sorted(ends.items())]
-        stored = 0
+        indexers = self.coll._runtime.indexers
+        puts = []
         for s, shard in enumerate(self.coll._shards):
             done = self._stored[s]
             items = [] if prepared is None else [
                 it for it in prepared.per_shard[s] if where[it[0]][1] >= done.get(where[it[0]][0], 0)]
-            errors, _, out = shard.put_many(items, meta=meta)
+            if indexers:  # shard s always on the same thread: its puts stay in order
+                puts.append(indexers[s % len(indexers)].submit(shard.put_many, items, meta=meta))
+            else:
+                puts.append(ingest._Done(shard.put_many, items, meta=meta))
+        self.counts["messages"] += len(msgs)
+        self.counts["bytes"] += nbytes
+        self._in_flight.append((puts, where, ends, msgs))
+        while len(self._in_flight) >= IN_FLIGHT:
+            self._finish_first()
+
+    def _finish_first(self) -> None:
+        """Wait for the oldest batch's puts: then it is durable in every shard, and its
+        offsets are the collection's and are committed to the group."""
+        puts, where, ends, msgs = self._in_flight.popleft()
+        stored = 0
+        failed = None
+        for s, put in enumerate(puts):
+            try:
+                errors, _, out = put.result()
+            except BaseException as e:  # noqa: BLE001 - after the other puts are waited for
+                failed = failed or e
+                continue
             for idx, e in errors:
                 self._log_error(*where[idx], e.message)
             stored += sum(1 for it in out if it[4] >= 0)
-            done.update(ends)
+            self._stored[s].update(ends)
+        if failed is not None:
+            raise failed
         self.positions.update(ends)
-        self.counts["messages"] += len(msgs)
-        self.counts["bytes"] += nbytes
         self.counts["documents"] += stored
         self.counts["batches"] += 1
+        if self._consumer is not None:
+            self._consumer.commit(offsets=self._commit_offsets(msgs), asynchronous=True)
+
+    def _drain(self) -> None:
+        """Wait for every batch under way (before the partitions change, a pause, a stop)."""
+        while self._in_flight:
+            self._finish_first()
 
     def _item(self, value: bytes, partition: int, offset: int, transform: Transformation | None) -> Any:
         """What ingest takes for a message: its JSON text as it came (or as the
