@@ -387,29 +387,32 @@ def _text_way(where: Fn | None, drops: list[str], renames: list, computed: list,
         return None
     n_drop = len(dropped)
     position = {k: i for i, k in enumerate([*dropped, *read])}
-    parsed = [(name, position[name]) for name in dict.fromkeys([*reads]) if name in position]
-    checked = [i for i, name in enumerate(dropped) if name not in reads]  # dropped, parsed only to check them
-    moved = [(orjson.dumps(name) + b":", position[src]) for name, src in renames]
+    # the values parsed, in one call: those read (absent ones as null: a read of either
+    # is NULL), then those dropped only to be checked
+    reading = [name for name in dict.fromkeys(reads) if name in position]
+    parse = [2 * position[name] for name in reading] + [2 * i for i, name in enumerate(dropped) if name not in reads]
+    new: list = [None] * len(keys)  # the renames, made by the scan: where the source is
+    for name, src in renames:
+        if new[position[src]] is not None:  # (one name a source: the scan writes one)
+            return None
+        new[position[src]] = orjson.dumps(name) + b":"
+    renamed = tuple(new)
     made = [(orjson.dumps(name) + b":", fn) for name, fn in computed]
-    loads, dumps, null = orjson.loads, orjson.dumps, b"null"
+    loads, dumps = orjson.loads, orjson.dumps
 
     def run(raw: bytes) -> Any:
-        got = top_rewrite(raw, keys, n_drop)
+        got = top_rewrite(raw, keys, n_drop, renamed)
         if got is None:
             return FALLBACK
         kept, at = got
-        for i in checked:
-            if at[2 * i] >= 0:
-                loads(raw[at[2 * i]:at[2 * i + 1]])
-        doc = {name: loads(raw[at[2 * i]:at[2 * i + 1]]) for name, i in parsed if at[2 * i] >= 0}
+        if parse:
+            values = loads(b"[" + b",".join([raw[at[i]:at[i + 1]] if at[i] >= 0 else b"null" for i in parse]) + b"]")
+            doc = dict(zip(reading, values))
+        else:
+            doc = {}
         if where is not None and where(doc) is not True:
             return None
         parts = [kept] if kept else []
-        for name, i in moved:
-            if at[2 * i] >= 0:
-                value = raw[at[2 * i]:at[2 * i + 1]]
-                if value != null:
-                    parts.append(name + value)
         for name, fn in made:
             v = fn(doc)
             if v is not None:

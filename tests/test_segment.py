@@ -1607,7 +1607,7 @@ def test_top_rewrite_keeps_and_finds_what_a_parse_reads(raw, picks, n_drop, extr
     names = list(doc)
     keys_ = tuple(dict.fromkeys([orjson.dumps(names[i])[1:-1] for i in picks if i < len(names)] + list(extra)))
     n_drop = min(n_drop, len(keys_))
-    got = top_rewrite(raw, keys_, n_drop)
+    got = top_rewrite(raw, keys_, n_drop, (None,) * len(keys_))
     if got is None:
         assert b"\\" in raw
         return
@@ -1621,7 +1621,7 @@ def test_top_rewrite_keeps_and_finds_what_a_parse_reads(raw, picks, n_drop, extr
         else:
             assert spans[2 * i] == spans[2 * i + 1] == -1
     if raw == orjson.dumps(doc):  # the reference's contract: text as orjson writes it
-        assert reference(raw, keys_, n_drop) == (kept, spans)
+        assert reference(raw, keys_, n_drop, (None,) * len(keys_)) == (kept, list(spans))
 
 
 @pytest.mark.parametrize("raw", [b'{"a":1,"a":2}', b'{"a":1} x', b"[1]", b'{"a" 1}', b'{"a":1,}', b'{"a":1', b"",
@@ -1629,5 +1629,7 @@ def test_top_rewrite_keeps_and_finds_what_a_parse_reads(raw, picks, n_drop, extr
 def test_top_rewrite_leaves_what_it_cannot_tell_to_the_parse(raw):
     from rtindex._ext._segment import top_rewrite
 
-    assert top_rewrite(raw, (b"a",), 0) is None
-    assert top_rewrite(b' {"b": [1, {"c": "}"}], "a": "q\\"" } ', (b"b", b"a"), 1) == (b'"a": "q\\""', [7, 22, 29, 34])
+    assert top_rewrite(raw, (b"a",), 0, (None,)) is None
+    kept, spans = top_rewrite(b' {"b": [1, {"c": "}"}], "a": "q\\"", "n": null } ', (b"b", b"a", b"n"), 1,
+                              (b'"c":', None, b'"m":'))
+    assert (kept, list(spans)) == (b'"c":[1, {"c": "}"}],"a": "q\\"","n": null', [7, 22, 29, 34, 41, 45])

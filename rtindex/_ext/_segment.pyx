@@ -3676,41 +3676,63 @@ def member_span(data, key):
     return None
 
 
-def top_rewrite(data, tuple keys, Py_ssize_t n_drop):
+cdef array _I64 = array("q")
+
+
+def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames):
     """What an ingest transformation needs to rewrite the JSON object ``data`` without
     parsing it: ``(kept, spans)``. ``keys`` are top-level keys (bytes, as written between
     the quotes); the members of the first ``n_drop`` are left out of ``kept``, the text of
-    the other members joined by commas (without the braces); ``spans[2k], spans[2k+1]``
-    are the start and end of the value of ``keys[k]`` (-1, -1 where absent). None when the
-    scan cannot tell: not one object, a key with an escape, one of ``keys`` twice, text
-    after the closing brace. Values are skipped, not validated."""
+    the other members joined by commas (without the braces); where ``renames[k]`` is not
+    None (``b'"new":'``), ``kept`` also has the value of ``keys[k]`` under that name, unless
+    it is null. ``spans[2k], spans[2k+1]`` (an array of int64) are the start and end of the
+    value of ``keys[k]`` (-1, -1 where absent). None when the scan cannot tell: not one
+    object, a key with an escape, one of ``keys`` twice, text after the closing brace.
+    Values are skipped, not validated."""
     cdef const unsigned char* p
-    cdef size_t n, i, j, ks, kl, vs, ms
+    cdef size_t n, i, j, ks, kl, vs, ms, room
     cdef Py_ssize_t nk = len(keys), k, found
     cdef const char** kp = NULL
     cdef size_t* kn = NULL
-    cdef Py_ssize_t* at = NULL
+    cdef const char** rp = NULL
+    cdef size_t* rl = NULL
+    cdef int64_t* at
     cdef unsigned char* out = NULL
     cdef size_t used = 0
     cdef bint ok = False
+    cdef array spans
     if type(data) is not bytes:
         raise TypeError(f"top_rewrite takes bytes, not {type(data).__name__}")
+    if len(renames) != nk:
+        raise ValueError("top_rewrite takes one rename (or None) a key")
     for key in keys:
         if type(key) is not bytes:
             raise TypeError("top_rewrite takes keys as bytes")
     p = <const unsigned char*>PyBytes_AS_STRING(data)
     n = <size_t>PyBytes_GET_SIZE(data)
+    room = 2 * n + 1
+    for new in renames:
+        if new is not None:
+            if type(new) is not bytes:
+                raise TypeError("top_rewrite takes renames as bytes")
+            room += PyBytes_GET_SIZE(new) + 1
+    spans = clone(_I64, 2 * nk, False)
+    at = <int64_t*>spans.data.as_longlongs
     kp = <const char**>malloc((nk + 1) * sizeof(char*))
     kn = <size_t*>malloc((nk + 1) * sizeof(size_t))
-    at = <Py_ssize_t*>malloc((2 * nk + 1) * sizeof(Py_ssize_t))
-    out = <unsigned char*>malloc(n + 1)
-    if kp == NULL or kn == NULL or at == NULL or out == NULL:
-        free(kp); free(kn); free(at); free(out)
+    rp = <const char**>malloc((nk + 1) * sizeof(char*))
+    rl = <size_t*>malloc((nk + 1) * sizeof(size_t))
+    out = <unsigned char*>malloc(room)
+    if kp == NULL or kn == NULL or rp == NULL or rl == NULL or out == NULL:
+        free(kp); free(kn); free(rp); free(rl); free(out)
         raise MemoryError()
     try:
         for k in range(nk):
             kp[k] = PyBytes_AS_STRING(<bytes>PyTuple_GET_ITEM(keys, k))
             kn[k] = <size_t>PyBytes_GET_SIZE(<bytes>PyTuple_GET_ITEM(keys, k))
+            new = <object>PyTuple_GET_ITEM(renames, k)
+            rp[k] = PyBytes_AS_STRING(<bytes>new) if new is not None else NULL
+            rl[k] = <size_t>PyBytes_GET_SIZE(<bytes>new) if new is not None else 0
             at[2 * k] = at[2 * k + 1] = -1
         with nogil:
             i = skip_ws(p, 0, n)
@@ -3743,14 +3765,22 @@ def top_rewrite(data, tuple keys, Py_ssize_t n_drop):
                         if found >= 0:
                             if at[2 * found] >= 0:
                                 break  # a key twice: the parse decides which one counts
-                            at[2 * found] = <Py_ssize_t>vs
-                            at[2 * found + 1] = <Py_ssize_t>j
+                            at[2 * found] = <int64_t>vs
+                            at[2 * found + 1] = <int64_t>j
                         if found < 0 or found >= n_drop:
                             if used:
                                 out[used] = 0x2C
                                 used += 1
                             memcpy(out + used, p + ms, j - ms)
                             used += j - ms
+                        if found >= 0 and rp[found] != NULL and not (j - vs == 4 and memcmp(p + vs, b"null", 4) == 0):
+                            if used:
+                                out[used] = 0x2C
+                                used += 1
+                            memcpy(out + used, rp[found], rl[found])
+                            used += rl[found]
+                            memcpy(out + used, p + vs, j - vs)
+                            used += j - vs
                         i = skip_ws(p, j, n)
                         if i < n and p[i] == 0x2C:
                             i = skip_ws(p, i + 1, n)
@@ -3759,9 +3789,9 @@ def top_rewrite(data, tuple keys, Py_ssize_t n_drop):
                         break
         if not ok:
             return None
-        return PyBytes_FromStringAndSize(<const char*>out, used), [at[k] for k in range(2 * nk)]
+        return PyBytes_FromStringAndSize(<const char*>out, used), spans
     finally:
-        free(kp); free(kn); free(at); free(out)
+        free(kp); free(kn); free(rp); free(rl); free(out)
 
 
 def nonfinite_path(doc):

@@ -139,10 +139,11 @@ def member_span(data: bytes, key: str) -> tuple[int, int] | None:
     return None if at < 0 else (at, at + len(text))
 
 
-def top_rewrite(data: bytes, keys: tuple, n_drop: int) -> tuple[bytes, list[int]] | None:
-    """The contract of the compiled ``top_rewrite``, from a parse: the kept members
-    re-serialized (the compiled one copies their text) and the spans found by searching
-    each value's re-serialized text, so it holds for text as orjson writes it."""
+def top_rewrite(data: bytes, keys: tuple, n_drop: int, renames: tuple) -> tuple[bytes, list[int]] | None:
+    """The contract of the compiled ``top_rewrite``, from a parse: the kept and renamed
+    members re-serialized (the compiled one copies their text, renamed ones where their
+    source was), and the spans found by searching each value's re-serialized text, so it
+    holds for text as orjson writes it."""
     if type(data) is not bytes:
         raise TypeError(f"top_rewrite takes bytes, not {type(data).__name__}")
     try:
@@ -155,7 +156,13 @@ def top_rewrite(data: bytes, keys: tuple, n_drop: int) -> tuple[bytes, list[int]
     if any(b"\\" in k for k in written):
         return None
     dropped = set(keys[:n_drop])
-    kept = b",".join(b'"' + k + b'":' + orjson.dumps(v) for k, v in written.items() if k not in dropped)
+    new = {k: r for k, r in zip(keys, renames) if r is not None}
+    parts = []
+    for k, v in written.items():
+        if k not in dropped:
+            parts.append(b'"' + k + b'":' + orjson.dumps(v))
+        if k in new and v is not None:
+            parts.append(new[k] + orjson.dumps(v))
     spans: list[int] = []
     for key in keys:
         if key not in written:
@@ -166,7 +173,7 @@ def top_rewrite(data: bytes, keys: tuple, n_drop: int) -> tuple[bytes, list[int]
         if at < 0:  # (written otherwise: the parse way takes it)
             return None
         spans += [at + len(key) + 3, at + len(member)]
-    return kept, spans
+    return b",".join(parts), spans
 
 
 class _NotUtf8:
