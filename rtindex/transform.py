@@ -16,9 +16,9 @@ fails) is refused with a SchemaError saying why, and the other documents go on.
 
 A document given as JSON text (NDJSON, a JSON array, a Kafka message) takes a shorter way
 when the transformation only drops, renames and computes top-level fields: the compiled
-``top_rewrite`` copies the members kept as text, and only the fields read by an
-expression, a rename or WHERE, and those dropped (which a parse would have checked), are
-parsed. :meth:`Transformation.text` is that way; anything it cannot take goes the dict way.
+``top_rewrite`` copies the members kept and renamed as text and checks the dropped ones
+against JSON's grammar, as a parse would; only the fields an expression or WHERE reads
+are parsed. :meth:`Transformation.text` is that way; anything it cannot take goes the dict way.
 
 Values are JSON values and datetimes (from CAST AS TIMESTAMP and the time functions);
 operators follow docs/sql.md: comparisons are within a type family (numbers, strings,
@@ -387,10 +387,10 @@ def _text_way(where: Fn | None, drops: list[str], renames: list, computed: list,
         return None
     n_drop = len(dropped)
     position = {k: i for i, k in enumerate([*dropped, *read])}
-    # the values parsed, in one call: those read (absent ones as null: a read of either
-    # is NULL), then those dropped only to be checked
+    # the values read, parsed in one call (absent ones as null: a read of either is NULL);
+    # the scan checks those it drops
     reading = [name for name in dict.fromkeys(reads) if name in position]
-    parse = [2 * position[name] for name in reading] + [2 * i for i, name in enumerate(dropped) if name not in reads]
+    parse = [2 * position[name] for name in reading]
     new: list = [None] * len(keys)  # the renames, made by the scan: where the source is
     for name, src in renames:
         if new[position[src]] is not None:  # (one name a source: the scan writes one)

@@ -1633,3 +1633,26 @@ def test_top_rewrite_leaves_what_it_cannot_tell_to_the_parse(raw):
     kept, spans = top_rewrite(b' {"b": [1, {"c": "}"}], "a": "q\\"", "n": null } ', (b"b", b"a", b"n"), 1,
                               (b'"c":', None, b'"m":'))
     assert (kept, list(spans)) == (b'"c":[1, {"c": "}"}],"a": "q\\"","n": null', [7, 22, 29, 34, 41, 45])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=st.one_of(MUTATED, HOSTILE_TEXTS, NUMBER_TEXTS.map(str.encode),
+                       json_documents().map(lambda raw: raw)))
+def test_top_rewrite_drops_only_values_a_parse_reads(value):
+    """A dropped value is checked against JSON's grammar: the text is left to the parse
+    (None) exactly when orjson would refuse the value."""
+    from rtindex._ext._segment import top_rewrite
+
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogatepass")
+    raw = b'{"keep": 1, "gone": ' + value + b"}"
+    try:
+        orjson.loads(value)
+        valid = True
+    except orjson.JSONDecodeError:
+        valid = False
+    got = top_rewrite(raw, (b"gone",), 1, (None,))
+    if not valid:
+        assert got is None, value
+    elif value.count(b"[") + value.count(b"{") < 500 and len(value) < 500:  # (else the parse may decide)
+        assert got is not None and got[0] == b'"keep": 1', value

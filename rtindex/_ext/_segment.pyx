@@ -48,7 +48,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport PyObject
 from libc.math cimport isfinite
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.stdlib cimport free, malloc, qsort, realloc, strtod
 from libc.string cimport memchr, memcmp, memcpy, memset
 
 from rtindex._ext._blocks cimport (
@@ -3676,6 +3676,133 @@ def member_span(data, key):
     return None
 
 
+cdef enum:
+    CHECK_DEPTH = 512  # nesting check_value follows (deeper: left to the parse)
+
+
+cdef size_t check_string(const unsigned char* p, size_t i, size_t n) noexcept nogil:
+    """The position after the JSON string whose first byte (after its quote) is at ``i``,
+    checked as a strict parser checks it (no control byte, escapes of JSON's grammar,
+    surrogates in pairs, valid UTF-8); 0 when it is not one."""
+    cdef int32_t u, lo
+    cdef int k
+    while i < n:
+        if p[i] == 0x22:
+            return i + 1
+        if p[i] < 0x20:
+            return 0
+        if p[i] >= 0x80:
+            k = utf8_len(p, i, n)
+            if k == 0:
+                return 0
+            i += k
+            continue
+        if p[i] != 0x5C:
+            i += 1
+            continue
+        if i + 1 >= n:
+            return 0
+        if p[i + 1] != 0x75:
+            if memchr(b'"\\/bfnrt', p[i + 1], 8) == NULL:
+                return 0
+            i += 2
+            continue
+        u = hex4(p, i + 2, n)
+        if u < 0 or 0xDC00 <= u <= 0xDFFF:
+            return 0
+        i += 6
+        if 0xD800 <= u <= 0xDBFF:
+            if i + 1 >= n or p[i] != 0x5C or p[i + 1] != 0x75:
+                return 0
+            lo = hex4(p, i + 2, n)
+            if not 0xDC00 <= lo <= 0xDFFF:
+                return 0
+            i += 6
+    return 0
+
+
+cdef size_t check_number(const unsigned char* p, size_t i, size_t n) noexcept nogil:
+    """The position after the JSON number at ``i`` (its grammar, and finite as a double,
+    as a parser reads one), 0 when it is not one."""
+    cdef size_t start = i
+    cdef char buf[512]
+    if i < n and p[i] == 0x2D:
+        i += 1
+    if i >= n or not is_digit(p[i]):
+        return 0
+    if p[i] == 0x30:
+        i += 1
+    else:
+        while i < n and is_digit(p[i]):
+            i += 1
+    if i < n and p[i] == 0x2E:
+        i += 1
+        if i >= n or not is_digit(p[i]):
+            return 0
+        while i < n and is_digit(p[i]):
+            i += 1
+    if i < n and (p[i] == 0x65 or p[i] == 0x45):
+        i += 1
+        if i < n and (p[i] == 0x2B or p[i] == 0x2D):
+            i += 1
+        if i >= n or not is_digit(p[i]):
+            return 0
+        while i < n and is_digit(p[i]):
+            i += 1
+    if i - start > 17 or memchr(p + start, 0x65, i - start) != NULL or memchr(p + start, 0x45, i - start) != NULL:
+        # long enough, or an exponent big enough, not to be a finite double: strtod says
+        if i - start >= sizeof(buf):
+            return 0  # (the parse says)
+        memcpy(buf, p + start, i - start)
+        buf[i - start] = 0
+        if not isfinite(strtod(buf, NULL)):
+            return 0
+    return i
+
+
+cdef size_t check_value(const unsigned char* p, size_t i, size_t n, int depth) noexcept nogil:
+    """The position after the JSON value at ``i`` (whitespace before it skipped), checked
+    against JSON's grammar; 0 when it is not one, or nests deeper than CHECK_DEPTH."""
+    cdef unsigned char c, close
+    i = skip_ws(p, i, n)
+    if i >= n or depth > CHECK_DEPTH:
+        return 0
+    c = p[i]
+    if c == 0x22:
+        return check_string(p, i + 1, n)
+    if c == 0x7B or c == 0x5B:
+        close = 0x7D if c == 0x7B else 0x5D
+        i = skip_ws(p, i + 1, n)
+        if i < n and p[i] == close:
+            return i + 1
+        while True:
+            if c == 0x7B:
+                if i >= n or p[i] != 0x22:
+                    return 0
+                i = check_string(p, i + 1, n)
+                if i == 0:
+                    return 0
+                i = skip_ws(p, i, n)
+                if i >= n or p[i] != 0x3A:
+                    return 0
+                i += 1
+            i = check_value(p, i, n, depth + 1)
+            if i == 0:
+                return 0
+            i = skip_ws(p, i, n)
+            if i < n and p[i] == 0x2C:
+                i = skip_ws(p, i + 1, n)
+                continue
+            return i + 1 if i < n and p[i] == close else 0
+    if c == 0x74:
+        return i + 4 if i + 4 <= n and memcmp(p + i, b"true", 4) == 0 else 0
+    if c == 0x66:
+        return i + 5 if i + 5 <= n and memcmp(p + i, b"false", 5) == 0 else 0
+    if c == 0x6E:
+        return i + 4 if i + 4 <= n and memcmp(p + i, b"null", 4) == 0 else 0
+    return check_number(p, i, n)
+
+
 cdef array _I64 = array("q")
 
 
@@ -3687,8 +3814,9 @@ def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames):
     None (``b'"new":'``), ``kept`` also has the value of ``keys[k]`` under that name, unless
     it is null. ``spans[2k], spans[2k+1]`` (an array of int64) are the start and end of the
     value of ``keys[k]`` (-1, -1 where absent). None when the scan cannot tell: not one
-    object, a key with an escape, one of ``keys`` twice, text after the closing brace.
-    Values are skipped, not validated."""
+    object, a key with an escape, one of ``keys`` twice, text after the closing brace, a
+    dropped value that is not JSON (the others are skipped here: the indexer checks what
+    is kept, and the values read are parsed)."""
     cdef const unsigned char* p
     cdef size_t n, i, j, ks, kl, vs, ms, room
     cdef Py_ssize_t nk = len(keys), k, found
@@ -3762,6 +3890,8 @@ def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames):
                         j = skip_value(p, vs, n)
                         if j == 0:
                             break
+                        if found >= 0 and found < n_drop and check_value(p, vs, j, 0) != j:
+                            break  # a dropped value that is not JSON: the parse says what is wrong
                         if found >= 0:
                             if at[2 * found] >= 0:
                                 break  # a key twice: the parse decides which one counts
