@@ -29,6 +29,7 @@ floats and a division by zero is NULL, as in DuckDB.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -303,15 +304,34 @@ class _Compiler:
 
     def arithmetic(self, node: exp.Binary, op: Callable[[Any, Any], Any]) -> Fn:
         a, b, what = self.expr(node.this), self.expr(node.expression), self.text_of(node)
+        numbers = (int, float)
+
+        def failed(x: Any, y: Any) -> _Failed:
+            bad = x if not _is_number(x) else y
+            return _Failed(f"{what} takes numbers, not {_type(bad)} {_short(bad)}", "$")
+
+        literal = node.expression
+        if isinstance(literal, exp.Literal) and not literal.is_string:  # x * 2: one call a document
+            y = _number(literal.name)
+
+            def run_literal(d: dict) -> Any:
+                x = a(d)
+                if x is None:
+                    return None
+                if type(x) not in numbers:
+                    raise failed(x, y)
+                v = op(x, y)
+                return None if type(v) is float and not math.isfinite(v) else v
+            return run_literal
 
         def run(d: dict) -> Any:
             x, y = a(d), b(d)
             if x is None or y is None:
                 return None
-            if not _is_number(x) or not _is_number(y):
-                bad = x if not _is_number(x) else y
-                raise _Failed(f"{what} takes numbers, not {_type(bad)} {_short(bad)}", "$")
-            return op(x, y)
+            if type(x) not in numbers or type(y) not in numbers:
+                raise failed(x, y)
+            v = op(x, y)
+            return None if type(v) is float and not math.isfinite(v) else v
         return run
 
     def comparison(self, node: exp.Binary, op: Callable[[Any, Any], bool]) -> Fn:
@@ -387,10 +407,10 @@ def _text_way(where: Fn | None, drops: list[str], renames: list, computed: list,
         return None
     n_drop = len(dropped)
     position = {k: i for i, k in enumerate([*dropped, *read])}
-    # the values read, parsed in one call (absent ones as null: a read of either is NULL);
-    # the scan checks those it drops
+    # the values read, as one JSON array the scan writes (null for an absent one: a read
+    # of either is NULL); the scan checks those it drops
     reading = [name for name in dict.fromkeys(reads) if name in position]
-    parse = [2 * position[name] for name in reading]
+    parse = tuple(position[name] for name in reading)
     new: list = [None] * len(keys)  # the renames, made by the scan: where the source is
     for name, src in renames:
         if new[position[src]] is not None:  # (one name a source: the scan writes one)
@@ -401,15 +421,11 @@ def _text_way(where: Fn | None, drops: list[str], renames: list, computed: list,
     loads, dumps = orjson.loads, orjson.dumps
 
     def run(raw: bytes) -> Any:
-        got = top_rewrite(raw, keys, n_drop, renamed)
+        got = top_rewrite(raw, keys, n_drop, renamed, parse)
         if got is None:
             return FALLBACK
-        kept, at = got
-        if parse:
-            values = loads(b"[" + b",".join([raw[at[i]:at[i + 1]] if at[i] >= 0 else b"null" for i in parse]) + b"]")
-            doc = dict(zip(reading, values))
-        else:
-            doc = {}
+        kept, values = got
+        doc = dict(zip(reading, loads(values))) if parse else {}
         if where is not None and where(doc) is not True:
             return None
         parts = [kept] if kept else []
@@ -473,16 +489,9 @@ def _mod(x: Any, y: Any) -> Any:
         (abs(x) % abs(y)) * (1 if x >= 0 else -1)
 
 
-def _finite(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """An operator whose float result must stay a JSON number (an overflow is NULL)."""
-    def run(x: Any, y: Any) -> Any:
-        v = op(x, y)
-        return None if type(v) is float and not math.isfinite(v) else v
-    return run
-
-
-_ARITHMETIC = {exp.Add: _finite(lambda x, y: x + y), exp.Sub: _finite(lambda x, y: x - y),
-               exp.Mul: _finite(lambda x, y: x * y), exp.Div: _finite(_divide), exp.IntDiv: _int_divide,
+# (a float result that is not finite, an overflow, is NULL: JSON has no such number)
+_ARITHMETIC = {exp.Add: operator.add, exp.Sub: operator.sub, exp.Mul: operator.mul, exp.Div: _divide,
+               exp.IntDiv: _int_divide,
                exp.Mod: _mod}
 _COMPARISONS = {exp.EQ: lambda x, y: x == y, exp.NEQ: lambda x, y: x != y, exp.LT: lambda x, y: x < y,
                 exp.LTE: lambda x, y: x <= y, exp.GT: lambda x, y: x > y, exp.GTE: lambda x, y: x >= y}

@@ -1596,10 +1596,12 @@ def test_identify_texts_matches_the_reference(texts, max_bytes):
 # -- top_rewrite: an ingest transformation's scan of a document's top level ------------
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=json_documents(), picks=st.lists(st.integers(0, 9), max_size=6, unique=True), n_drop=st.integers(0, 6),
-       extra=st.sampled_from([(), (b"absent",), (b"_id",)]))
-def test_top_rewrite_keeps_and_finds_what_a_parse_reads(raw, picks, n_drop, extra):
-    """Compiled against the parse: the text kept is the members not dropped, each span is
-    its key's value (-1 for one absent); None only for a key written with an escape."""
+       extra=st.sampled_from([(), (b"absent",), (b"_id",)]), renaming=st.lists(st.booleans(), max_size=7),
+       reads=st.lists(st.integers(0, 6), max_size=4))
+def test_top_rewrite_keeps_renames_and_reads_what_a_parse_reads(raw, picks, n_drop, extra, renaming, reads):
+    """Compiled against the parse: the text kept is the members not dropped, plus each
+    renamed one that is not null under its new name; the values read are the keys' values
+    (null for one absent); None only for a key written with an escape."""
     from rtindex._ext._segment import top_rewrite
     from rtindex._py.segment import top_rewrite as reference
 
@@ -1607,21 +1609,21 @@ def test_top_rewrite_keeps_and_finds_what_a_parse_reads(raw, picks, n_drop, extr
     names = list(doc)
     keys_ = tuple(dict.fromkeys([orjson.dumps(names[i])[1:-1] for i in picks if i < len(names)] + list(extra)))
     n_drop = min(n_drop, len(keys_))
-    got = top_rewrite(raw, keys_, n_drop, (None,) * len(keys_))
+    renames = tuple(b'"renamed%d":' % k if k < len(renaming) and renaming[k] else None for k in range(len(keys_)))
+    reads = tuple(k for k in reads if k < len(keys_))
+    got = top_rewrite(raw, keys_, n_drop, renames, reads)
     if got is None:
         assert b"\\" in raw
         return
-    kept, spans = got
-    dropped = {orjson.loads(b'"' + k + b'"') for k in keys_[:n_drop]}
-    assert orjson.loads(b"{" + kept + b"}") == {k: v for k, v in doc.items() if k not in dropped}
-    for i, k in enumerate(keys_):
-        name = orjson.loads(b'"' + k + b'"')
-        if name in doc:
-            assert orjson.loads(raw[spans[2 * i]:spans[2 * i + 1]]) == doc[name]
-        else:
-            assert spans[2 * i] == spans[2 * i + 1] == -1
-    if raw == orjson.dumps(doc):  # the reference's contract: text as orjson writes it
-        assert reference(raw, keys_, n_drop, (None,) * len(keys_)) == (kept, list(spans))
+    kept, values = got
+    named = [orjson.loads(b'"' + k + b'"') for k in keys_]
+    want = {k: v for k, v in doc.items() if k not in named[:n_drop]}
+    want.update({f"renamed{k}": doc[named[k]] for k in range(len(keys_))
+                 if renames[k] is not None and doc.get(named[k]) is not None})
+    assert orjson.loads(b"{" + kept + b"}") == want
+    assert orjson.loads(values) == [doc.get(named[k]) for k in reads]
+    ref = reference(raw, keys_, n_drop, renames, reads)  # (None for text it cannot place: see its doc)
+    assert ref is None or (orjson.loads(b"{" + ref[0] + b"}") == want and orjson.loads(ref[1]) == orjson.loads(values))
 
 
 @pytest.mark.parametrize("raw", [b'{"a":1,"a":2}', b'{"a":1} x', b"[1]", b'{"a" 1}', b'{"a":1,}', b'{"a":1', b"",
@@ -1629,10 +1631,10 @@ def test_top_rewrite_keeps_and_finds_what_a_parse_reads(raw, picks, n_drop, extr
 def test_top_rewrite_leaves_what_it_cannot_tell_to_the_parse(raw):
     from rtindex._ext._segment import top_rewrite
 
-    assert top_rewrite(raw, (b"a",), 0, (None,)) is None
-    kept, spans = top_rewrite(b' {"b": [1, {"c": "}"}], "a": "q\\"", "n": null } ', (b"b", b"a", b"n"), 1,
-                              (b'"c":', None, b'"m":'))
-    assert (kept, list(spans)) == (b'"c":[1, {"c": "}"}],"a": "q\\"","n": null', [7, 22, 29, 34, 41, 45])
+    assert top_rewrite(raw, (b"a",), 0, (None,), ()) is None
+    got = top_rewrite(b' {"b": [1, {"c": "}"}], "a": "q\\"", "n": null } ', (b"b", b"a", b"n", b"z"), 1,
+                      (b'"c":', None, b'"m":', None), (1, 3, 0))
+    assert got == (b'"c":[1, {"c": "}"}],"a": "q\\"","n": null', b'["q\\"",null,[1, {"c": "}"}]]')
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -1651,7 +1653,7 @@ def test_top_rewrite_drops_only_values_a_parse_reads(value):
         valid = True
     except orjson.JSONDecodeError:
         valid = False
-    got = top_rewrite(raw, (b"gone",), 1, (None,))
+    got = top_rewrite(raw, (b"gone",), 1, (None,), ())
     if not valid:
         assert got is None, value
     elif value.count(b"[") + value.count(b"{") < 500 and len(value) < 500:  # (else the parse may decide)

@@ -60,8 +60,8 @@ def split_array(data: bytes, start: int = 0) -> list[bytes] | None:
     """The elements of a JSON array as bytes each, without parsing them; None if it cannot."""
 def member_span(data: bytes, key: str) -> tuple[int, int] | None:
     """(start, end) of a top-level member's value in a JSON object's text."""
-def top_rewrite(data: bytes, keys: tuple[bytes, ...], n_drop: int, renames: tuple[bytes | None, ...]
-                ) -> tuple[bytes, Any] | None:
-    """A JSON object's top-level members but the first ``n_drop`` keys, and the renamed ones, as text; the value spans of ``keys``."""
+def top_rewrite(data: bytes, keys: tuple[bytes, ...], n_drop: int, renames: tuple[bytes | None, ...],
+                reads: tuple[int, ...]) -> tuple[bytes, bytes] | None:
+    """A JSON object's top-level members but the first ``n_drop`` keys, and the renamed ones, as text; the values read as a JSON array."""
 def nonfinite_path(doc: Any) -> tuple[list, float] | None:
     """(path, value) of the first NaN or infinity in a document, or None."""

@@ -3803,20 +3803,17 @@ cdef size_t check_value(const unsigned char* p, size_t i, size_t n, int depth) n
     return check_number(p, i, n)
 
 
-cdef array _I64 = array("q")
-
-
-def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames):
+def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames, tuple reads):
     """What an ingest transformation needs to rewrite the JSON object ``data`` without
-    parsing it: ``(kept, spans)``. ``keys`` are top-level keys (bytes, as written between
+    parsing it: ``(kept, values)``. ``keys`` are top-level keys (bytes, as written between
     the quotes); the members of the first ``n_drop`` are left out of ``kept``, the text of
     the other members joined by commas (without the braces); where ``renames[k]`` is not
     None (``b'"new":'``), ``kept`` also has the value of ``keys[k]`` under that name, unless
-    it is null. ``spans[2k], spans[2k+1]`` (an array of int64) are the start and end of the
-    value of ``keys[k]`` (-1, -1 where absent). None when the scan cannot tell: not one
-    object, a key with an escape, one of ``keys`` twice, text after the closing brace, a
-    dropped value that is not JSON (the others are skipped here: the indexer checks what
-    is kept, and the values read are parsed)."""
+    it is null. ``values`` is a JSON array of the values of ``keys[k]`` for each k of
+    ``reads`` (null where absent). None when the scan cannot tell: not one object, a key
+    with an escape, one of ``keys`` twice, text after the closing brace, a dropped value
+    that is not JSON (the others are skipped here: the indexer checks what is kept, and
+    the values read are parsed)."""
     cdef const unsigned char* p
     cdef size_t n, i, j, ks, kl, vs, ms, room
     cdef Py_ssize_t nk = len(keys), k, found
@@ -3824,11 +3821,11 @@ def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames):
     cdef size_t* kn = NULL
     cdef const char** rp = NULL
     cdef size_t* rl = NULL
-    cdef int64_t* at
     cdef unsigned char* out = NULL
     cdef size_t used = 0
     cdef bint ok = False
-    cdef array spans
+    cdef int64_t* at = NULL
+    cdef size_t vlen = 2
     if type(data) is not bytes:
         raise TypeError(f"top_rewrite takes bytes, not {type(data).__name__}")
     if len(renames) != nk:
@@ -3844,15 +3841,17 @@ def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames):
             if type(new) is not bytes:
                 raise TypeError("top_rewrite takes renames as bytes")
             room += PyBytes_GET_SIZE(new) + 1
-    spans = clone(_I64, 2 * nk, False)
-    at = <int64_t*>spans.data.as_longlongs
+    for k in reads:
+        if not 0 <= k < nk:
+            raise ValueError("top_rewrite reads a key it is not given")
+    at = <int64_t*>malloc((2 * nk + 1) * sizeof(int64_t))
     kp = <const char**>malloc((nk + 1) * sizeof(char*))
     kn = <size_t*>malloc((nk + 1) * sizeof(size_t))
     rp = <const char**>malloc((nk + 1) * sizeof(char*))
     rl = <size_t*>malloc((nk + 1) * sizeof(size_t))
     out = <unsigned char*>malloc(room)
-    if kp == NULL or kn == NULL or rp == NULL or rl == NULL or out == NULL:
-        free(kp); free(kn); free(rp); free(rl); free(out)
+    if at == NULL or kp == NULL or kn == NULL or rp == NULL or rl == NULL or out == NULL:
+        free(at); free(kp); free(kn); free(rp); free(rl); free(out)
         raise MemoryError()
     try:
         for k in range(nk):
@@ -3919,9 +3918,30 @@ def top_rewrite(data, tuple keys, Py_ssize_t n_drop, tuple renames):
                         break
         if not ok:
             return None
-        return PyBytes_FromStringAndSize(<const char*>out, used), spans
+        kept = PyBytes_FromStringAndSize(<const char*>out, used)
+        for k in reads:
+            vlen += <size_t>(at[2 * k + 1] - at[2 * k]) + 1 if at[2 * k] >= 0 else 5
+        if vlen > room:
+            free(out)
+            out = <unsigned char*>malloc(vlen)
+            if out == NULL:
+                raise MemoryError()
+        used = 1
+        out[0] = 0x5B
+        for k in reads:
+            if used > 1:
+                out[used] = 0x2C
+                used += 1
+            if at[2 * k] >= 0:
+                memcpy(out + used, p + at[2 * k], <size_t>(at[2 * k + 1] - at[2 * k]))
+                used += <size_t>(at[2 * k + 1] - at[2 * k])
+            else:
+                memcpy(out + used, b"null", 4)
+                used += 4
+        out[used] = 0x5D
+        return kept, PyBytes_FromStringAndSize(<const char*>out, used + 1)
     finally:
-        free(kp); free(kn); free(rp); free(rl); free(out)
+        free(at); free(kp); free(kn); free(rp); free(rl); free(out)
 
 
 def nonfinite_path(doc):

@@ -139,11 +139,12 @@ def member_span(data: bytes, key: str) -> tuple[int, int] | None:
     return None if at < 0 else (at, at + len(text))
 
 
-def top_rewrite(data: bytes, keys: tuple, n_drop: int, renames: tuple) -> tuple[bytes, list[int]] | None:
+def top_rewrite(data: bytes, keys: tuple, n_drop: int, renames: tuple, reads: tuple) -> tuple[bytes, bytes] | None:
     """The contract of the compiled ``top_rewrite``, from a parse: the kept and renamed
-    members re-serialized (the compiled one copies their text, renamed ones where their
-    source was), and the spans found by searching each value's re-serialized text, so it
-    holds for text as orjson writes it."""
+    members and the values read, re-serialized (the compiled one copies their text, and
+    writes a renamed member where its source was). A key it cannot find written once as
+    ``"key":`` in the text (escaped, spaced, twice, or also below) makes it None: that text
+    goes the parse way."""
     if type(data) is not bytes:
         raise TypeError(f"top_rewrite takes bytes, not {type(data).__name__}")
     try:
@@ -153,8 +154,8 @@ def top_rewrite(data: bytes, keys: tuple, n_drop: int, renames: tuple) -> tuple[
     if not isinstance(doc, dict):
         return None
     written = {orjson.dumps(k)[1:-1]: v for k, v in doc.items()}
-    if any(b"\\" in k for k in written):
-        return None
+    if any(data.count(b'"' + k + b'":') != 1 for k in written):
+        return None  # a key written otherwise, or twice (or again below: then the parse way is taken too)
     dropped = set(keys[:n_drop])
     new = {k: r for k, r in zip(keys, renames) if r is not None}
     parts = []
@@ -163,17 +164,7 @@ def top_rewrite(data: bytes, keys: tuple, n_drop: int, renames: tuple) -> tuple[
             parts.append(b'"' + k + b'":' + orjson.dumps(v))
         if k in new and v is not None:
             parts.append(new[k] + orjson.dumps(v))
-    spans: list[int] = []
-    for key in keys:
-        if key not in written:
-            spans += [-1, -1]
-            continue
-        member = b'"' + key + b'":' + orjson.dumps(written[key])
-        at = data.find(member)
-        if at < 0:  # (written otherwise: the parse way takes it)
-            return None
-        spans += [at + len(key) + 3, at + len(member)]
-    return b",".join(parts), spans
+    return b",".join(parts), orjson.dumps([written.get(keys[k]) for k in reads])
 
 
 class _NotUtf8:
