@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from .http import HttpError, send_bytes
-from .shedding import LoopLag, raw_response
+from .shedding import ASKED, LoopLag, raw_response
 
 
 class Refusal:
@@ -56,7 +56,9 @@ class Admission:
         if scope["type"] != "http" or scope["path"] not in self.paths:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
-        refusal = self.refusal_now()
+        # a request the protocol asked about was drawn for the loop's lag already: drawing
+        # again would refuse a larger share than the lag asks for
+        refusal = self.refusal_now(lag=not scope.get(ASKED))
         if refusal is not None:
             return await self._refuse(send, refusal)
         if self.executing < self.max_concurrent and not self._waiters:
@@ -70,11 +72,12 @@ class Admission:
         finally:
             self._release()
 
-    def refusal_now(self) -> Refusal | None:
-        """The refusal of a query arriving now, or None when it may run or wait."""
+    def refusal_now(self, lag: bool = True) -> Refusal | None:
+        """The refusal of a query arriving now, or None when it may run or wait (``lag``:
+        also the share the loop's lag refuses)."""
         if self.executing >= self.max_concurrent and len(self._waiters) >= self.max_queued:
             return self._full
-        if self.lag is not None and self.lag.refuses():
+        if lag and self.lag is not None and self.lag.refuses():
             return self._behind
         return None
 

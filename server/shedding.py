@@ -104,6 +104,10 @@ class LoopLag:
         self._arm(now)
 
 
+# in an ASGI scope: the gate was asked for this request, and let it through
+ASKED = "rtindex.shed_asked"
+
+
 class Gate(Protocol):
     def shed(self, method: bytes, path: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:
         """The whole response to send instead of answering, or None to answer."""
@@ -123,12 +127,16 @@ def shedding_protocol(gate: Gate) -> type[HttpToolsProtocol]:
         _refusal: bytes | None = None
 
         def on_headers_complete(self) -> None:
+            asked = False
             if (not self.expect_100_continue and not self.pipeline
                     and (self.cycle is None or self.cycle.response_complete)):
                 self._refusal = gate.shed(self.parser.get_method(), self.url.partition(b"?")[0], self.headers)
                 if self._refusal is not None:
                     return
+                asked = True
             super().on_headers_complete()
+            if asked:  # (the task made just now has not run yet)
+                self.scope[ASKED] = True
 
         def on_body(self, body: bytes) -> None:
             if self._refusal is None:

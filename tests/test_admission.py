@@ -35,8 +35,9 @@ class App:
         self.gates.pop(0).set()
 
 
-async def _call(adm: Admission) -> tuple[int, dict, bytes, bool]:
-    """One request through ``adm``: status, headers, body, and whether its body was read."""
+async def _call(adm: Admission, **scope) -> tuple[int, dict, bytes, bool]:
+    """One request through ``adm`` (``scope``: more keys of its scope): status, headers,
+    body, and whether its body was read."""
     read = False
     sent: list[dict] = []
 
@@ -47,7 +48,7 @@ async def _call(adm: Admission) -> tuple[int, dict, bytes, bool]:
 
     async def send(msg):
         sent.append(msg)
-    await adm({"type": "http", "path": PATH, "method": "POST", "headers": []}, receive, send)
+    await adm({"type": "http", "path": PATH, "method": "POST", "headers": [], **scope}, receive, send)
     return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"], read
 
 
@@ -131,3 +132,33 @@ def test_the_cli_default_leaves_the_queue_to_the_slots():
     assert args.max_queued_queries is None and args.max_concurrent_queries == 4
     with pytest.raises(ValueError, match="max-queued-queries"):
         ServerConfig(data="x", max_queued_queries=-1).check()
+
+
+class Behind:
+    """A LoopLag that refuses every draw, and counts them."""
+
+    def __init__(self):
+        self.draws = 0
+
+    def refuses(self) -> bool:
+        self.draws += 1
+        return True
+
+
+def test_a_request_the_protocol_let_through_is_not_drawn_for_the_lag_again():
+    """The protocol (server/shedding.py) drew for the loop's lag already: a second draw
+    would refuse 1-(1-p)^2 of the queries instead of p."""
+    from rtindex.server.shedding import ASKED
+
+    async def main():
+        app = App()
+        lag = Behind()
+        adm = Admission(app, {PATH}, max_concurrent=2, max_queued=2, queue_timeout=1.0, lag=lag)
+        status, _, _, _ = await _call(adm)
+        assert status == 429 and lag.draws == 1
+        call = asyncio.create_task(_call(adm, **{ASKED: True}))
+        await _settle()
+        assert app.running == 1 and lag.draws == 1
+        app.release()
+        assert (await call)[0] == 200
+    asyncio.run(main())

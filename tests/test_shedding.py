@@ -11,7 +11,7 @@ import time
 import pytest
 import uvicorn
 
-from rtindex.server.shedding import LoopLag, raw_response, shedding_protocol
+from rtindex.server.shedding import ASKED, LoopLag, raw_response, shedding_protocol
 
 REFUSAL = raw_response(429, "Too Many Requests", b'{"type":"TooManyRequests"}', [(b"retry-after", b"1")])
 
@@ -32,6 +32,7 @@ class App:
 
     def __init__(self):
         self.paths: list[str] = []
+        self.asked: list[bool] = []  # whether the gate was asked, as the scope says
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -39,6 +40,7 @@ class App:
                 await send({"type": "lifespan.startup.complete"})
             return await send({"type": "lifespan.shutdown.complete"})
         self.paths.append(scope["path"])
+        self.asked.append(scope.get(ASKED, False))
         more = True
         while more:
             more = (await receive()).get("more_body", False)
@@ -127,6 +129,8 @@ def test_pipelined_requests_are_not_shed_past_a_reply_still_running():
         writer.write(request("/shed") + request("/shed") + request("/ok"))  # nothing running: each shed
         assert [await reply(reader) for _ in range(3)] == [
             (429, b'{"type":"TooManyRequests"}'), (429, b'{"type":"TooManyRequests"}'), (200, b"/ok")]
+        # the scope says whether the gate was asked (admission then does not draw again)
+        assert app.paths == ["/slow", "/shed", "/ok"] and app.asked == [True, False, True]
     serve(test)
 
 
