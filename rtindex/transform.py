@@ -87,7 +87,7 @@ class Transformation:
         try:
             return self._run(doc)
         except _Failed as e:
-            raise SchemaError(f"the ingest transformation failed: {e.args[0]}", e.args[1]) from None
+            raise SchemaError(f"the ingest transformation failed: {e.args[0]}") from None
         except RecursionError:
             raise SchemaError("the ingest transformation failed: the document nests too deep") from None
 
@@ -104,7 +104,7 @@ class Transformation:
         try:
             return self._text(raw)
         except _Failed as e:
-            raise SchemaError(f"the ingest transformation failed: {e.args[0]}", e.args[1]) from None
+            raise SchemaError(f"the ingest transformation failed: {e.args[0]}") from None
         except (orjson.JSONDecodeError, RecursionError):
             return FALLBACK
 
@@ -113,7 +113,7 @@ class Transformation:
 
 
 class _Failed(Exception):
-    """A document the transformation cannot take: (why, the JSON path it concerns)."""
+    """A document the transformation cannot take, and why."""
 
 
 class _Compiler:
@@ -308,7 +308,7 @@ class _Compiler:
 
         def failed(x: Any, y: Any) -> _Failed:
             bad = x if not _is_number(x) else y
-            return _Failed(f"{what} takes numbers, not {_type(bad)} {_short(bad)}", "$")
+            return _Failed(f"{what} takes numbers, not {_type(bad)} {_short(bad)}")
 
         literal = node.expression
         if isinstance(literal, exp.Literal) and not literal.is_string:  # x * 2: one call a document
@@ -351,7 +351,7 @@ class _Compiler:
             try:
                 return call_value(name, arg(d))
             except SqlError as e:
-                raise _Failed(f"{what}: {e.message}", "$") from None
+                raise _Failed(f"{what}: {e.message}") from None
         return run
 
 
@@ -403,13 +403,13 @@ def _text_way(where: Fn | None, drops: list[str], renames: list, computed: list,
     dropped = list(dict.fromkeys([*drops, *replaced]))  # left out of the text that is kept
     read = [k for k in dict.fromkeys([*(src for _, src in renames), *reads]) if k not in dropped]
     keys = tuple(key(k) for k in [*dropped, *read])
-    if any(b"\\" in k for k in keys) or any(b"\\" in key(name) for name in replaced):
+    if any(b"\\" in k for k in keys):  # (the names made are among the keys dropped)
         return None
     n_drop = len(dropped)
     position = {k: i for i, k in enumerate([*dropped, *read])}
     # the values read, as one JSON array the scan writes (null for an absent one: a read
     # of either is NULL); the scan checks those it drops
-    reading = [name for name in dict.fromkeys(reads) if name in position]
+    reading = list(dict.fromkeys(reads))
     parse = tuple(position[name] for name in reading)
     new: list = [None] * len(keys)  # the renames, made by the scan: where the source is
     for name, src in renames:
@@ -547,7 +547,7 @@ def _cast(v: Any, to: str, what: str) -> Any:
                 return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
     except (ValueError, OverflowError):
         pass
-    raise _Failed(f"{what}: cannot cast {_type(v)} {_short(v)} to {to}", "$")
+    raise _Failed(f"{what}: cannot cast {_type(v)} {_short(v)} to {to}")
 
 
 def _truth(v: Any) -> bool | None:
@@ -752,7 +752,7 @@ def _string_fn(method: Callable[[str], Any]) -> Callable[[_Compiler, exp.Express
             if v is None:
                 return None
             if type(v) is not str:
-                raise _Failed(f"{what} takes a string, not {_type(v)} {_short(v)}", "$")
+                raise _Failed(f"{what} takes a string, not {_type(v)} {_short(v)}")
             return method(v)
         return run
     return build
@@ -766,7 +766,7 @@ def _length(c: _Compiler, node: exp.Expression) -> Fn:
         if v is None:
             return None
         if type(v) not in (str, list):
-            raise _Failed(f"{what} takes a string or an array, not {_type(v)} {_short(v)}", "$")
+            raise _Failed(f"{what} takes a string or an array, not {_type(v)} {_short(v)}")
         return len(v)
     return run
 
@@ -782,7 +782,7 @@ def _substring(c: _Compiler, node: exp.Substring) -> Fn:
         if s is None or i is None or (length is not None and n is None):
             return None
         if type(s) is not str or type(i) is not int or (n is not None and type(n) is not int):
-            raise _Failed(f"{what} takes a string and integer positions", "$")
+            raise _Failed(f"{what} takes a string and integer positions")
         i = i - 1 if i > 0 else max(len(s) + i, 0) if i < 0 else 0
         return s[i:] if n is None else s[i:i + max(n, 0)]
     return run
@@ -797,7 +797,7 @@ def _replace(c: _Compiler, node: exp.Replace) -> Fn:
         if s is None or x is None or y is None:
             return None
         if type(s) is not str or type(x) is not str or type(y) is not str:
-            raise _Failed(f"{what} takes strings", "$")
+            raise _Failed(f"{what} takes strings")
         return s.replace(x, y)
     return run
 
@@ -814,12 +814,12 @@ def _number_fn(method: Callable[[Any], Any]) -> Callable[[_Compiler, exp.Express
             if v is None:
                 return None
             if not _is_number(v):
-                raise _Failed(f"{what} takes a number, not {_type(v)} {_short(v)}", "$")
+                raise _Failed(f"{what} takes a number, not {_type(v)} {_short(v)}")
             if digits is None:
                 return method(v)
             n = digits(d)
             if type(n) is not int:
-                raise _Failed(f"{what} takes an integer number of digits", "$")
+                raise _Failed(f"{what} takes an integer number of digits")
             return _round_half_away(v, n)
         return run
     return build
