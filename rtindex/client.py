@@ -341,7 +341,7 @@ class RemoteDatabase:
         its ingest transformation (see Collection.set_transformation)."""
         try:
             body = orjson.loads(self._request("POST", "/v1/collections", json={
-                "name": name, "shards": shards, **({"transformation": transformation} if transformation else {})}
+                "name": name, "shards": shards, **({"transformation": transformation} if transformation is not None else {})}
             ).content)
         except AlreadyExistsError:
             if exist_ok:
