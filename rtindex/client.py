@@ -340,9 +340,10 @@ class RemoteDatabase:
         an existing one is returned instead of ``AlreadyExistsError``. ``transformation``:
         its ingest transformation (see Collection.set_transformation)."""
         try:
-            body = orjson.loads(self._request("POST", "/v1/collections", json={
-                "name": name, "shards": shards, **({"transformation": transformation} if transformation is not None else {})}
-            ).content)
+            body = {"name": name, "shards": shards}
+            if transformation is not None:
+                body["transformation"] = transformation
+            body = orjson.loads(self._request("POST", "/v1/collections", json=body).content)
         except AlreadyExistsError:
             if exist_ok:
                 return self.collection(name)

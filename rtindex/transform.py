@@ -150,7 +150,8 @@ class _Compiler:
                           ("windows", "WINDOW")):
             if tree.args.get(key):
                 node = tree.args[key]
-                raise self.error(f"{what} is not taken (a transformation sees one document at a time)", node[0] if isinstance(node, list) else node)
+                raise self.error(f"{what} is not taken (a transformation sees one document at a time)",
+                                 node[0] if isinstance(node, list) else node)
         source = tree.args.get("from_") or tree.args.get("from")
         table = source.this if source is not None else None
         if not isinstance(table, exp.Table) or table.name != INPUT or table.args.get("db"):
@@ -214,7 +215,7 @@ class _Compiler:
         cur = node
         while True:
             if isinstance(cur, exp.Column):
-                names = [p.name for p in reversed(cur.parts)] if not star else [p.name for p in reversed(cur.parts[:-1])]
+                names = [p.name for p in reversed(cur.parts[:-1] if star else cur.parts)]
                 if star and not isinstance(cur.this, exp.Star):
                     raise self.error("only an object's fields can be lifted with .*", node)
                 parts.extend(names)
