@@ -168,6 +168,21 @@ def _is_legacy_database(path: str, entries: set[str]) -> bool:
     return all(n == WAKE_FILE or (_NAME.fullmatch(n) and os.path.isdir(os.path.join(colls, n))) for n in names)
 
 
+def check_new_collection(name: Any, shards: Any) -> None:
+    """InvalidArgumentError for a name or a shard count no collection can be created with."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > MAX_NAME:
+        raise InvalidArgumentError(f"invalid collection name {name!r}: use letters, digits, _ and -, starting "
+                                   "with a letter or _ (at most 128 characters), optionally after a workspace "
+                                   "and a dot, named by the same rules (workspace.collection, at most "
+                                   f"{MAX_NAME} characters in all)")
+    if collection_name(None, name) != name:
+        short = collection_name(None, name)
+        raise InvalidArgumentError(f"invalid collection name {name!r}: {DEFAULT_WORKSPACE} is the default "
+                                   f"workspace; create the collection as {short!r} (queries may still say {name})")
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
+        raise InvalidArgumentError(f"shards must be an integer from 1 to {MAX_SHARDS}, not {shards!r}")
+
+
 def _canonical(name: Any) -> Any:
     """The collection ``name`` refers to: ``commons.coll`` is ``coll`` (the default workspace)."""
     return collection_name(None, name) if isinstance(name, str) else name
@@ -398,17 +413,7 @@ class Database:
         """create_collection, with ``extra`` keys stored in the manifest (the demo marks the
         collections it made with ``{"created_by": "rtindex demo"}``)."""
         self._check_writable()
-        if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > MAX_NAME:
-            raise InvalidArgumentError(f"invalid collection name {name!r}: use letters, digits, _ and -, starting "
-                                       "with a letter or _ (at most 128 characters), optionally after a workspace "
-                                       "and a dot, named by the same rules (workspace.collection, at most "
-                                       f"{MAX_NAME} characters in all)")
-        if collection_name(None, name) != name:
-            short = collection_name(None, name)
-            raise InvalidArgumentError(f"invalid collection name {name!r}: {DEFAULT_WORKSPACE} is the default "
-                                       f"workspace; create the collection as {short!r} (queries may still say {name})")
-        if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
-            raise InvalidArgumentError(f"shards must be an integer from 1 to {MAX_SHARDS}, not {shards!r}")
+        check_new_collection(name, shards)
         if transformation is not None:
             Transformation(transformation)  # checked before anything is made
         with self._lock:

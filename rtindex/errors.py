@@ -88,6 +88,16 @@ class OverloadedError(RtindexError):
         self.retry_after = retry_after
 
 
+class UnavailableError(RtindexError):
+    """Shards of a collection on a cluster that cannot be reached now (their node is gone,
+    or their actor did not come back in time); ``shards`` lists them. Nothing was answered
+    from the others: a query never returns part of an answer."""
+
+    def __init__(self, message: str, shards: list[int]):
+        super().__init__(message)
+        self.shards = shards
+
+
 class SqlError(RtindexError, ValueError):
     """A SQL text that cannot run: bad syntax, an unknown collection, a type error.
 

@@ -58,6 +58,7 @@ class Plan:
     # on its references (index part, residual, estimated rows)
     sources: tuple[Plan, ...] = ()
     references: tuple[str, ...] = ()
+    placement: tuple[str, ...] = ()  # on a cluster: lines on what ran where (rtindex/cluster/database.py)
     # what the executor reads (not shown, not compared)
     query: Query | None = field(default=None, repr=False, compare=False)
     snapshot: Snapshot | None = field(default=None, repr=False, compare=False)
@@ -72,6 +73,9 @@ class Plan:
     leaves: tuple = field(default=(), repr=False, compare=False)  # WHERE's leaf predicates
 
     def __str__(self) -> str:
+        return "\n".join([self._text(), *self.placement])
+
+    def _text(self) -> str:
         if not self.sources and not self.collection:
             return f"query over no collection\n  DuckDB: {self.duckdb_sql}"
         if self.sources:
