@@ -3,9 +3,11 @@
 >>> import rtindex
 >>> db = rtindex.open(path)                      # doctest: +SKIP
 >>> db = rtindex.connect(url, api_key=key)       # doctest: +SKIP
+>>> db = rtindex.open_cluster("auto")           # doctest: +SKIP
 """
 
 from rtindex.client import connect
+from rtindex.cluster import open_cluster
 from rtindex.collection import Collection, IngestStats
 from rtindex.database import Database, open
 from rtindex.documents import ItemError, documents_of
@@ -29,6 +31,7 @@ from rtindex.errors import (
     SchemaError,
     SqlError,
     StorageError,
+    UnavailableError,
     UnsupportedSqlError,
 )
 from rtindex.sql.result import Result
@@ -65,8 +68,10 @@ __all__ = [
     "Snapshot",
     "SqlError",
     "StorageError",
+    "UnavailableError",
     "UnsupportedSqlError",
     "documents_of",
     "connect",
     "open",
+    "open_cluster",
 ]

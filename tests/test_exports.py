@@ -7,7 +7,8 @@ def test_public_names_are_pinned():
     assert sorted(rtindex.__all__) == [
         "AccessDeniedError", "AlreadyExistsError", "ClosedError", "Collection", "CorruptionError", "Database", "FenceError", "IngestError", "IngestStats",
         "IngestWarning", "InvalidArgumentError", "ItemError", "KafkaSource", "LockedError", "NotADatabaseError", "NotFoundError", "OverloadedError", "Postings", "QueryTimeoutError", "ReadOnlyError", "Result", "ResultTooLargeError", "RtindexError", "SchemaError",
-        "Snapshot", "SqlError", "StorageError", "UnsupportedSqlError", "connect", "documents_of", "open",
+        "Snapshot", "SqlError", "StorageError", "UnavailableError", "UnsupportedSqlError", "connect", "documents_of",
+        "open", "open_cluster",
     ]
     for name in rtindex.__all__:
         assert getattr(rtindex, name) is not None

@@ -1,0 +1,396 @@
+"""The coordinator: a Database API over a Ray cluster's shard groups.
+
+Writes are routed by ``_id`` (``crc32 % shards``, as in one process) to the writer actor of
+the shard's group, every group's part at once; a batch is acknowledged when every part is
+durable. Queries are planned and finished here by the SQL engine of one process, reading
+through rtindex/cluster/snapshot.py: lookups, fetches and scans run in the groups' query
+actors, next to the data. A group that cannot be reached is an UnavailableError naming its
+shards, never a partial answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from rtindex import documents
+from rtindex.collection import IngestStats, check_ingest_options
+from rtindex.cluster.groups import GroupReader, GroupWriter, SnapshotExpiredError
+from rtindex.cluster.placement import (
+    CATALOG, HEAD_RESOURCE, NAMESPACE, SLIVER, Catalog, group_path, node_names, pinned,
+)
+from rtindex.cluster.snapshot import ClusterSnapshot
+from rtindex.database import _canonical, check_new_collection
+from rtindex.documents import ItemError
+from rtindex.errors import (
+    ClosedError, InvalidArgumentError, NotFoundError, RtindexError, SchemaError, UnavailableError,
+)
+from rtindex.inputs import open_input
+from rtindex.sql.engine import SqlEngine
+from rtindex.sql.plan import Plan
+from rtindex.sql.result import Result
+
+SEND_DOCS = 5000  # documents routed per round of writes to the groups
+ATTEMPTS = 3  # runs of a query whose snapshot a restarted query actor no longer holds
+ASKED_MAX = 4096  # planner questions remembered per collection, asked again with each snapshot
+OPTIONS_DEFAULT = {"row_cache_bytes": 32 << 20, "column_cache_bytes": 64 << 20}
+
+
+class ClusterDatabase:
+    """The collections of a Ray cluster, with rtindex.Database's API (open it with
+    rtindex.open_cluster). Several coordinators may share a cluster."""
+
+    def __init__(self, address: str, root: str | None, query_actors: int, options: dict, call_timeout: float):
+        if isinstance(query_actors, bool) or not isinstance(query_actors, int) or query_actors < 1:
+            raise InvalidArgumentError(f"query_actors must be a positive integer, not {query_actors!r}")
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+        self._catalog = _catalog(root)
+        self.root = ray.get(self._catalog.root_path.remote())
+        if root is not None and root != self.root:
+            raise InvalidArgumentError(f"this cluster keeps its collections under {self.root!r}, not {root!r}")
+        self.query_actors = query_actors
+        self.options = {**OPTIONS_DEFAULT, **options}
+        self.call_timeout = call_timeout
+        self._collections: dict[str, ClusterCollection] = {}
+        self._sql = SqlEngine(self.collection)
+        self._closed = False
+
+    # -- collections ------------------------------------------------------------
+    def nodes(self) -> list[str]:
+        """The storage nodes that are up (Ray nodes with an ``rtindex-node:NAME`` resource)."""
+        return node_names(ray.nodes())
+
+    def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False, *,
+                          groups: int | None = None) -> ClusterCollection:
+        """A collection of ``shards`` shards in ``groups`` groups (default: one per storage
+        node, as many as divide ``shards``), each group on a storage node."""
+        self._check()
+        check_new_collection(name, shards)
+        nodes = self.nodes()
+        if not nodes:
+            raise UnavailableError("no storage node is up: start Ray nodes with a resource "
+                                   "'rtindex-node:NAME' (docs/scale-out.md)", [])
+        if groups is None:
+            groups = max(g for g in range(1, min(len(nodes), shards) + 1) if shards % g == 0)
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or shards % groups:
+            raise InvalidArgumentError(f"groups must be a positive integer that divides shards ({shards}), "
+                                       f"not {groups!r}")
+        try:
+            spec = ray.get(self._catalog.create.remote(name, shards, groups, nodes, self.options))
+        except RayTaskError as e:
+            if exist_ok and isinstance(e.cause, RtindexError) and "already exists" in str(e.cause):
+                return self.collection(name)
+            raise e.cause from None
+        coll = self._collections[name] = ClusterCollection(self, name, spec)
+        coll.start()
+        return coll
+
+    def collection(self, name: str) -> ClusterCollection:
+        """An existing collection (NotFoundError if there is none)."""
+        self._check()
+        name = _canonical(name)
+        coll = self._collections.get(name)
+        if coll is None:
+            spec = ray.get(self._catalog.specs.remote()).get(name) if isinstance(name, str) else None
+            if spec is None:
+                raise NotFoundError(f"no collection {name!r} (create it with db.create_collection({name!r}))")
+            coll = self._collections[name] = ClusterCollection(self, name, spec)
+        return coll
+
+    __getitem__ = collection
+
+    def __contains__(self, name: str) -> bool:
+        return _canonical(name) in self.collection_names()
+
+    def collection_names(self) -> list[str]:
+        self._check()
+        return sorted(ray.get(self._catalog.specs.remote()))
+
+    def drop_collection(self, name: str) -> None:
+        """Delete a collection: its actors and every group's directory."""
+        coll = self.collection(name)
+        coll.drop()
+        ray.get(self._catalog.drop.remote(coll.name))
+        self._collections.pop(coll.name, None)
+
+    # -- queries ----------------------------------------------------------------
+    def sql(self, sql: str, params: Any = None, *, access: str | None = None,
+            timeout_ms: float | None = None) -> Result:
+        """Database.sql over the cluster: the same dialect and the same answers."""
+        self._check()
+        res = self._again(lambda: self._sql.sql(sql, params, access, timeout_ms))
+        if res.plan is not None:
+            res.plan = self._placed(res.plan)
+        return res
+
+    def explain(self, sql: str, params: Any = None, *, access: str | None = None) -> Plan:
+        """Database.explain, with what runs where: each group's node and actors."""
+        self._check()
+        return self._placed(self._again(lambda: self._sql.explain(sql, params, access)))
+
+    def _again(self, run):
+        """``run()``, again when a restarted query actor dropped the snapshot it read."""
+        for attempt in range(ATTEMPTS):
+            try:
+                return run()
+            except SnapshotExpiredError:
+                if attempt == ATTEMPTS - 1:
+                    raise
+
+    def _placed(self, plan: Plan) -> Plan:
+        names = [p.collection for p in plan.sources] if plan.sources else [plan.collection]
+        lines = []
+        for name in names:
+            if name and name in self._collections:
+                lines.extend(self._collections[name].placement())
+        lines.append("  coordinator: plan, residual WHERE, DuckDB, merge of the groups' answers")
+        return replace(plan, placement=tuple(lines))
+
+    def stats(self) -> dict:
+        """Per collection: documents and, per group, its node and its writer's shard stats."""
+        self._check()
+        return {"root": self.root, "nodes": self.nodes(),
+                "collections": {n: self.collection(n).stats() for n in self.collection_names()}}
+
+    def close(self) -> None:
+        """Forget this coordinator's handles; the cluster's actors and data stay."""
+        self._closed = True
+        self._sql.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> ClusterDatabase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClosedError("the cluster database is closed")
+
+    # -- calls of the groups' actors ------------------------------------------------
+    def wait(self, refs: list, coll: ClusterCollection, groups: list[int]) -> list:
+        """The answers of ``refs`` (one call per group of ``groups``): an error raised in an
+        actor as itself; UnavailableError naming the shards of every group that is gone or
+        did not answer in ``call_timeout`` seconds."""
+        deadline = time.monotonic() + self.call_timeout
+        out, gone = [], []
+        for ref, g in zip(refs, groups):
+            try:
+                out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+            except RayTaskError as e:
+                raise e.cause from None
+            except (RayActorError, GetTimeoutError) as e:
+                gone.append((g, e))
+                try:
+                    ray.cancel(ref)  # (a call waiting for its actor's node: not run when it returns)
+                except Exception:  # noqa: BLE001 - already finished or its actor is gone: nothing to stop
+                    pass
+        if gone:
+            raise coll.unavailable([g for g, _ in gone], gone[0][1])
+        return out
+
+
+def _catalog(root: str | None):
+    """The cluster's catalog actor, made by the first coordinator (which says ``root``)."""
+    try:
+        return ray.get_actor(CATALOG, namespace=NAMESPACE)
+    except ValueError:
+        if root is None:
+            raise InvalidArgumentError("this Ray cluster has no rtindex collections yet: give open_cluster a "
+                                       "root, the directory to keep them under on every storage node") from None
+    return ray.remote(Catalog).options(
+        name=CATALOG, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+        resources={HEAD_RESOURCE: SLIVER}, max_restarts=-1, max_task_retries=-1).remote(os.path.abspath(root))
+
+
+class ClusterCollection:
+    """A collection spread over shard groups: routes writes, opens snapshots."""
+
+    def __init__(self, db: ClusterDatabase, name: str, spec: dict):
+        self._db = db
+        self.name = name
+        self.n_shards, self.groups = spec["shards"], spec["groups"]
+        self.k = self.n_shards // self.groups
+        self.nodes: list[str] = list(spec["nodes"])
+        self._options = spec["options"]
+        self._fences: list[str | None] = [None] * self.groups  # of this coordinator's writes
+        self._writers = [self._writer(g) for g in range(self.groups)]
+        self._readers: list[list] | None = None
+        self._turn = itertools.count()
+        self._asked: dict[str, dict] = {"column_types": {}, "has_type": {}}
+
+    # -- actors -----------------------------------------------------------------
+    def _path(self, g: int) -> str:
+        return group_path(self._db.root, self.nodes[g], self.name, g)
+
+    def _actor(self, cls, label: str, g: int, *args):
+        return ray.remote(cls).options(
+            name=f"{self.name}/{g}/{label}", namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+            num_cpus=0, resources=pinned(self.nodes[g]), max_restarts=-1, max_task_retries=-1,
+            max_concurrency=8).remote(*args)
+
+    def _writer(self, g: int):
+        return self._actor(GroupWriter, "writer", g, self._path(g), self.name, self.k, self._options)
+
+    def readers(self) -> list[list]:
+        """The query actors of each group (made once the writers have made the groups)."""
+        if self._readers is None:
+            self.start()
+        return self._readers
+
+    def start(self) -> None:
+        """Wait for the writers (a new group is made by its writer), then start the readers."""
+        self._db.wait([w.ready.remote() for w in self._writers], self, list(range(self.groups)))
+        readers = [[self._actor(GroupReader, f"reader{i}", g, self._path(g), self.name, self._options)
+                    for i in range(self._db.query_actors)] for g in range(self.groups)]
+        self._db.wait([r.ready.remote() for rs in readers for r in rs], self,
+                      [g for g, rs in enumerate(readers) for _ in rs])
+        self._readers = readers
+
+    def placement(self) -> list[str]:
+        """EXPLAIN's lines: where each group's shards are read."""
+        return [f"  shards {g * self.k}-{g * self.k + self.k - 1} (group {g}): on node {self.nodes[g]!r}, "
+                f"written by actor {self.name}/{g}/writer, read by {self._db.query_actors} query actor(s) "
+                f"(index lookups, documents, column scans)" for g in range(self.groups)]
+
+    def unavailable(self, groups: list[int], cause: Exception) -> UnavailableError:
+        shards = [s for g in groups for s in range(g * self.k, g * self.k + self.k)]
+        where = ", ".join(f"group {g} on node {self.nodes[g]!r}" for g in groups)
+        why = "did not answer in time" if isinstance(cause, GetTimeoutError) else "is not running"
+        return UnavailableError(f"shards {shards} of collection {self.name!r} are unavailable: the actor of "
+                                f"{where} {why}; retry once the node is back", shards)
+
+    # -- writes -----------------------------------------------------------------
+    def _group_of(self, doc_id: Any) -> int:
+        return documents.shard_of(documents.encode_id(doc_id), self.n_shards) // self.k
+
+    def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
+               json_path: str | None = None) -> IngestStats:
+        """Collection.ingest: each document to its shard's group (an ``_id`` is given here to
+        a document without one), every group's part at once; stored and durable once
+        counted in the returned stats."""
+        check_ingest_options(batch_size, errors)
+        t0 = time.perf_counter()
+        stats = IngestStats()
+        written: dict[tuple, Any] = {}
+        with open_input(docs, batch_size, json_path) as inp:
+            while True:
+                chunk = list(itertools.islice(inp.items, SEND_DOCS))
+                if not chunk:
+                    break
+                self._send(chunk, stats, written)
+        stats.ids = list(written.values())
+        stats.n = len(stats.ids)
+        stats.errors.sort(key=lambda e: e.index)
+        stats.replaced.sort()
+        stats.seconds = time.perf_counter() - t0
+        stats._settle(errors, stacklevel=3)
+        return stats
+
+    def _send(self, chunk: list[tuple[int, Any]], stats: IngestStats, written: dict) -> None:
+        parts: list[list] = [[] for _ in range(self.groups)]
+        at: list[list[int]] = [[] for _ in range(self.groups)]
+        for pos, doc in chunk:
+            if isinstance(doc, SchemaError):
+                stats.errors.append(ItemError(pos, None, doc.path, doc.message))
+                continue
+            g = 0  # (not an object, or a bad _id: group 0 tells why, as one process would)
+            if isinstance(doc, dict):
+                doc_id = doc.get("_id")
+                if doc_id is None:
+                    doc = {**doc, "_id": documents.new_id()}
+                    doc_id = doc["_id"]
+                try:
+                    g = self._group_of(doc_id)
+                except SchemaError:
+                    pass
+            parts[g].append(doc)
+            at[g].append(pos)
+        sent = [g for g in range(self.groups) if parts[g]]
+        answers = self._db.wait([self._writers[g].ingest.remote(parts[g], "report") for g in sent], self, sent)
+        stored: list[tuple[int, Any]] = []
+        for g, got in zip(sent, answers):
+            where = at[g]
+            stats.bytes += got["bytes"]
+            stats.errors.extend(replace(e, index=where[e.index]) for e in got["errors"])
+            stats.replaced.extend(where[i] for i in got["replaced"])
+            failed = {e.index for e in got["errors"]}
+            stored.extend((where[i], doc_id) for i, doc_id in got["doc_ids"].items() if i not in failed)
+            stats.doc_ids.update((where[i], doc_id) for i, doc_id in got["doc_ids"].items())
+            self._fences[g] = got["fence"]
+        for _, doc_id in sorted(stored, key=lambda p: p[0]):
+            written.setdefault((type(doc_id) is str, doc_id), doc_id)
+
+    def delete(self, doc_id: Any) -> bool:
+        g = self._group_of(doc_id)
+        found, self._fences[g] = self._db.wait([self._writers[g].delete.remote(doc_id)], self, [g])[0]
+        return found
+
+    def patch(self, doc_id: Any, ops: list[dict]) -> dict:
+        g = self._group_of(doc_id)
+        doc, self._fences[g] = self._db.wait([self._writers[g].patch.remote(doc_id, ops)], self, [g])[0]
+        return doc
+
+    def flush(self) -> None:
+        """Seal every group's in-memory segments (Collection.flush)."""
+        self._db.wait([w.flush.remote() for w in self._writers], self, list(range(self.groups)))
+
+    def drop(self) -> None:
+        """Remove the collection's actors and directories (ClusterDatabase.drop_collection)."""
+        for rs in self.readers():
+            for r in rs:
+                ray.kill(r, no_restart=True)
+        self._db.wait([w.drop.remote() for w in self._writers], self, list(range(self.groups)))
+        for w in self._writers:
+            ray.kill(w, no_restart=True)
+
+    # -- reads ------------------------------------------------------------------
+    def _reader(self, g: int):
+        rs = self.readers()[g]
+        return rs[next(self._turn) % len(rs)]
+
+    def get(self, doc_id: Any) -> dict | None:
+        g = self._group_of(doc_id)
+        return self._db.wait([self._reader(g).get.remote(doc_id, self._fences[g])], self, [g])[0]
+
+    def count(self) -> int:
+        return self.snapshot().count()
+
+    __len__ = count
+
+    def snapshot(self) -> ClusterSnapshot:
+        """One consistent read of every group, each as of at least this coordinator's
+        last write to it (rtindex/cluster/snapshot.py)."""
+        readers = [self._reader(g) for g in range(self.groups)]
+        typed, has = list(self._asked["column_types"]), list(self._asked["has_type"])
+        groups = list(range(self.groups))
+        opened = self._db.wait([r.open.remote(self._fences[g], typed, has) for g, r in enumerate(readers)],
+                               self, groups)
+        tokens = [o[0] for o in opened]
+
+        def fanout(calls: list[tuple[int, str, tuple, dict]]) -> list:
+            refs = [readers[g].call.remote(tokens[g], method, args, kwargs) for g, method, args, kwargs in calls]
+            return self._db.wait(refs, self, [c[0] for c in calls])
+        return ClusterSnapshot(self.name, self.k, fanout, opened, typed, has, self._remember)
+
+    def _remember(self, question: str, key: Any) -> None:
+        asked = self._asked[question]
+        if len(asked) < ASKED_MAX:
+            asked[key] = True
+
+    def stats(self) -> dict:
+        got = self._db.wait([w.stats.remote() for w in self._writers], self, list(range(self.groups)))
+        return {"name": self.name, "shards": self.n_shards, "documents": sum(s["documents"] for s in got),
+                "groups": [{"group": g, "node": self.nodes[g], "shards": s["shards"]} for g, s in enumerate(got)]}
