@@ -236,11 +236,15 @@ def documents(insert: exp.Insert, columns: dict[str, list[str]]) -> tuple[str, l
 # ------------------------------------------------------------------------ the engines
 
 class RtindexEngine:
-    """One database per .test file: its tables as collections, queried with db.sql."""
+    """One database per .test file: its tables as collections, queried with db.sql. Given
+    ``db`` (a cluster's, opened with seal_rows=4), its tables are collections of ``shards``
+    there, dropped at close."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str | None = None, db=None, shards: int = 2):
         # small segments, so a table of a few rows has sealed rows and in-memory ones
-        self.db = rtindex.open(path, seal_rows=4)
+        self.db = rtindex.open(path, seal_rows=4) if db is None else db
+        self.owned = db is None
+        self.shards = shards
         self.columns: dict[str, list[str]] = {}
 
     def load(self, sql: str) -> None:
@@ -248,7 +252,7 @@ class RtindexEngine:
         if kind == "create":
             name = tree.this.this.name
             self.columns[name] = [c.name for c in tree.this.expressions if isinstance(c, exp.ColumnDef)]
-            self.db.create_collection(name, shards=2)
+            self.db.create_collection(name, shards=self.shards)
         elif kind == "delete":
             collection = self.db.collection(tree.this.name)
             for doc_id in _deleted_ids(tree):
@@ -275,7 +279,11 @@ class RtindexEngine:
         return rows, None
 
     def close(self) -> None:
-        self.db.close()
+        if self.owned:
+            self.db.close()
+        else:
+            for name in self.columns:
+                self.db.drop_collection(name)
 
 
 class DuckdbEngine:

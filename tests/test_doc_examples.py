@@ -6,7 +6,9 @@ twice, and the second run must not trip over what the first left (a collection t
 exists, a directory that is there). A file whose blocks call ``rtindex.connect`` gets a
 real ``rtindex serve`` (tests/serving.py) whose URL and admin key are in ``RTINDEX_URL``
 and ``RTINDEX_API_KEY``, where its text tells the reader to put them; one whose blocks make
-a ``KafkaSource`` gets a real Kafka broker (tests/kafka_broker.py) at ``KAFKA_BOOTSTRAP``.
+a ``KafkaSource`` gets a real Kafka broker (tests/kafka_broker.py) at ``KAFKA_BOOTSTRAP``;
+one whose blocks call ``rtindex.open_cluster`` gets a real local Ray cluster of two storage
+nodes (tests/ray_cluster.py) at ``RAY_ADDRESS``, where ``ray start`` leaves a user's.
 
 A block that cannot run (one that shows a traceback, say) says so where a reader sees it:
 ``<!-- no-run: why -->`` on the line before its fence. Such blocks are counted, and that
@@ -25,6 +27,7 @@ import pytest
 
 import rtindex
 from rtindex.client import RemoteDatabase
+from rtindex.cluster.database import ClusterDatabase
 from tests.serving import Served
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -88,7 +91,7 @@ def _run(blocks: list[Block], attempt: int) -> None:
                 raise
     finally:
         for value in list(ns.values()):
-            if isinstance(value, (rtindex.Database, RemoteDatabase)):
+            if isinstance(value, (rtindex.Database, RemoteDatabase, ClusterDatabase)):
                 value.close()
 
 
@@ -127,8 +130,25 @@ def broker_env(tmp_path, monkeypatch):
         b.stop()
 
 
+@pytest.fixture
+def ray_env(tmp_path, monkeypatch):
+    """Start a local Ray cluster (tests/ray_cluster.py) and put its address where ``ray start`` would."""
+    from tests import ray_cluster
+
+    started = []
+
+    def start() -> None:
+        cluster = ray_cluster.local(nodes=2)
+        started.append(cluster)
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+
+    yield start
+    for cluster in started:
+        ray_cluster.stop(cluster)
+
+
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
-def test_examples_run_as_written(path, tmp_path, monkeypatch, served_env, broker_env):
+def test_examples_run_as_written(path, tmp_path, monkeypatch, served_env, broker_env, ray_env):
     blocks = [b for b in python_blocks(path) if b.run]
     if not blocks:
         return  # a page with no Python to run (shell, JSON, text blocks only)
@@ -136,6 +156,8 @@ def test_examples_run_as_written(path, tmp_path, monkeypatch, served_env, broker
         served_env()
     if any("KafkaSource(" in b.code for b in blocks):
         broker_env()
+    if any("rtindex.open_cluster(" in b.code for b in blocks):
+        ray_env()
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

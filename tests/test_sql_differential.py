@@ -1096,12 +1096,18 @@ _counter = itertools.count()
 def test_sql_matches_duckdb(db, duck, data):
     """Every generated query gives DuckDB's answer, on every access path. One database (the
     ``db`` fixture) per test, new collections per example, dropped after it."""
+    check_scenario(db, duck, data, shards=2)
+
+
+def check_scenario(db, duck, data, shards: int) -> None:
+    """Draw a scenario, load it into new collections of ``db`` (t of ``shards`` shards, u of
+    one) and into DuckDB, and check every query on every access path; drop them after."""
     n = next(_counter)
     names = {"t": f"t{n}", "u": f"u{n}"}
     scn = data.draw(scenarios(names), label="scenario")
     load_duckdb(duck, scn)
     docs_by_id = {d["_id"]: d for d in scn.docs}
-    c = db.create_collection(names["t"], shards=2)
+    c = db.create_collection(names["t"], shards=shards)
     try:
         for step in scn.steps:
             if step[0] == "ingest":
