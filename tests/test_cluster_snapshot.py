@@ -131,3 +131,18 @@ def test_sql_gives_the_answers_of_one_database(cluster, sql):
                    [{k: v for k, v in r.items() if k != "_event_time"} for r in want.rows()]
     finally:
         engine.close()
+
+
+def test_an_aggregate_over_the_scan_is_split_between_the_groups_and_here(cluster):
+    engine = SqlEngine(lambda name: cluster)
+    try:
+        sql = "SELECT s, COUNT(*) AS n, MIN(a) AS lo, AVG(a) AS mean FROM c WHERE a > 0 GROUP BY s ORDER BY n DESC, s"
+        got, want = engine.sql(sql, None, "scan"), cluster.ref.sql(sql, access="scan")
+        assert got.rows() == want.rows() and got.arrow().schema == want.arrow().schema
+        assert got.plan.partial_sql is not None and "GROUP BY" in got.plan.partial_sql
+        assert "partial aggregate, next to the data" in str(got.plan) and want.plan.partial_sql is None
+        distinct = "SELECT COUNT(DISTINCT s) AS k FROM c"  # does not split: the columns come here
+        assert engine.sql(distinct, None, "scan").plan.partial_sql is None
+        assert engine.sql(distinct, None, "scan").rows() == cluster.ref.sql(distinct, access="scan").rows()
+    finally:
+        engine.close()

@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 from rtindex.database import open as open_database
+from rtindex.duck import DuckEngine
 from rtindex.errors import RtindexError
 from rtindex.snapshot import Postings
 
@@ -90,6 +91,7 @@ class GroupReader:
         self._pinned: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._tokens = itertools.count(1)
         self._token_of: dict[int, int] = {}  # id(snapshot) -> its token, while pinned
+        self._duck: DuckEngine | None = None  # made by the first partial aggregate
 
     def ready(self) -> bool:
         return True
@@ -131,7 +133,7 @@ class GroupReader:
         args = tuple(Postings(snap, a.parts) if isinstance(a, Parts) else a for a in args)
         if isinstance(kwargs.get("rows"), Parts):
             kwargs = {**kwargs, "rows": Postings(snap, kwargs["rows"].parts)}
-        out = getattr(snap, method)(*args, **kwargs)
+        out = self._partial(snap, *args) if method == "partial" else getattr(snap, method)(*args, **kwargs)
         if isinstance(out, Postings):
             out = Parts(out._parts)
         elif method == "scan":  # two paths may print alike (a.b, and "a.b" as one key): by position
@@ -139,11 +141,22 @@ class GroupReader:
         # what the call counted into its one-item lists (a term budget, a fetch's charge)
         return out, {k: v[0] for k, v in kwargs.items() if isinstance(v, list)}
 
+    def _partial(self, snap, specs: list, rows: Postings | None, text: str, params: dict):
+        """A partial aggregate (rtindex/sql/partial.py) over this group's scan of ``specs``."""
+        table = snap.scan(specs, rows=rows)
+        table = table.rename_columns(["_shard", "_row_id"] + [f"c{i}" for i in range(len(specs))])
+        with self._lock:
+            if self._duck is None:
+                self._duck = DuckEngine()
+        return self._duck.run(text, {"scan": table}, params)
+
     def get(self, doc_id: Any, fence: str | None) -> dict | None:
         self._caught_up(fence)
         return self.db.collection(self.name).get(doc_id)
 
     def close(self) -> None:
+        if self._duck is not None:
+            self._duck.close()
         self.db.close()
 
 

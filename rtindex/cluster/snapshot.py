@@ -195,6 +195,17 @@ class ClusterSnapshot:
         names = ["_shard", "_row_id"] + [f"{'.'.join(p)}:{t}" for p, t in specs]
         return pa.concat_tables(tables).rename_columns(names)
 
+    def partial(self, specs: Sequence[tuple[Path, str]], rows: Postings | None, text: str,
+                params: dict) -> pa.Table:
+        """Every group's rows of the partial aggregate ``text`` (rtindex/sql/partial.py) over
+        its scan of ``specs`` (of ``rows``, when given), named ``c0``, ``c1``, ... as the
+        executor's scan names them: the aggregate runs next to the data, its rows come here."""
+        split = self._split(rows) if rows is not None else {}
+        specs = [(keys.split_path(p), t) for p, t in specs]
+        found = self._each("partial", per_group=lambda g: (
+            (specs, None if rows is None else Parts(split.get(g, {})), text, params), {}))
+        return pa.concat_tables([table for _, (table, _) in found], promote_options="permissive")
+
     # -- what planners ask ----------------------------------------------------
     def has_type(self, path: Path, type_name: str) -> bool:
         key = ("has_type", keys.split_path(path), type_name)

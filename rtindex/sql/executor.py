@@ -8,6 +8,7 @@ result over the budget comes back unbuilt, with a stream that reads it in batche
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -20,7 +21,7 @@ from rtindex import keys
 from rtindex.duck import DuckEngine, OutputTooLarge, check_time_limit
 from rtindex.errors import ResultTooLargeError
 from rtindex.rowcache import copy_json, json_bytes
-from rtindex.sql import frames, messages, typed
+from rtindex.sql import frames, messages, partial, typed
 from rtindex.sql import predicates as P
 from rtindex.sql.plan import Path, Plan
 from rtindex.sql.planner import bind_operand, column_tags, index_text, limits, scan_text, small_plan
@@ -93,6 +94,7 @@ class _Run:
         self.timings: dict[str, float] = {}
         self.ran_sql: str | None = plan.duckdb_sql
         self.arrow = False
+        self.partial_sql: str | None = None  # run next to the data (a snapshot that can: a cluster's)
         self.frame_types: dict[str, str | None] = {}
         self._mixing: dict[Path, str | None] | None = None  # of a plain projection's fields
 
@@ -105,7 +107,7 @@ class _Run:
             self.ran_sql = None
         else:
             res = self.run_index_duck()
-        res.plan = replace(plan, duckdb_sql=self.ran_sql, arrow=self.arrow)
+        res.plan = replace(plan, duckdb_sql=self.ran_sql, arrow=self.arrow, partial_sql=self.partial_sql)
         res.timings = self.timings
         return res
 
@@ -268,6 +270,10 @@ class _Run:
 
     # -- the column scan (or the index path reading by column) --------------------------
     def run_scan(self) -> Result:
+        if hasattr(self.snap, "partial") and not self.mixed_fields():
+            pushed = self.run_partial()
+            if pushed is not None:
+                return pushed
         t0 = time.perf_counter()
         table = self.scan()
         check_time_limit()
@@ -298,6 +304,32 @@ class _Run:
             self.timings["duckdb"] = time.perf_counter() - t1
         return Result(out.column_names, table=out, access=self.plan.access)
 
+    def run_partial(self) -> Result | None:
+        """An aggregate over the scan, split (rtindex/sql/partial.py): each part of the data
+        aggregates where it lives (``snap.partial``: a cluster's query actors), DuckDB merges
+        their rows here. None: the text does not split; the rows come here instead."""
+        halves = partial.split(self.plan.duckdb_sql) if self.plan.duckdb_sql else None
+        if halves is None:
+            return None
+        params = {**self.plan.duck_params, **self.plan.scan.where_params}
+        t0 = time.perf_counter()
+        parts = self.snap.partial(list(self.plan.scan.columns), self.rows if self.plan.by_column else None,
+                                  halves.partial, _used(params, halves.partial))
+        t1 = time.perf_counter()
+        self.timings["scan" if not self.plan.by_column else "fetch"] = t1 - t0
+        self.ran_sql, self.partial_sql = halves.final, halves.partial
+        final = _used(params, halves.final)
+
+        def stream(batch_rows: int) -> pa.RecordBatchReader:
+            return self.duck().stream(halves.final, {partial.PARTS: parts}, final, batch_rows, query=self.names())
+        try:
+            out = self.duck().run(halves.final, {partial.PARTS: parts}, final, self.budget, query=self.names())
+        except OutputTooLarge as e:
+            return self.refused(e.columns, e.rows, e.nbytes, False, stream)
+        finally:
+            self.timings["duckdb"] = time.perf_counter() - t1
+        return Result(out.column_names, table=out, access=self.plan.access)
+
     def scan(self) -> pa.Table:
         """The columns the plan's scan reads, named as its DuckDB text names them."""
         specs = self.plan.scan.columns
@@ -313,17 +345,24 @@ class _Run:
             return None  # (DuckDB's run measures it and refuses it, with a stream to read it)
         return out
 
-    def scan_kinds(self, table: pa.Table) -> dict[Path, tuple[dict[int, str], bool]]:
-        """(typed columns of the kinds present, an int beyond 2**53?) of each field that holds
-        values of several kinds in the collection, over the rows WHERE selects: what types it
-        (frames.value_sql), as the index path types it by the rows it fetches. One pass of
-        counts, only when some field is mixed."""
+    def mixed_fields(self) -> dict[Path, dict[int, str]]:
+        """The scan columns, by type tag, of each field the query uses that holds values of
+        several kinds in the collection."""
         spec = self.plan.scan
         mixed = {}
         for path in self.q.fields:
             cols = {tag: f'"{c}"' for (p, tag), c in spec.names.items() if p == path}
             if frames.mixing(set(cols), big_ints=True) is not None:
                 mixed[path] = cols
+        return mixed
+
+    def scan_kinds(self, table: pa.Table) -> dict[Path, tuple[dict[int, str], bool]]:
+        """(typed columns of the kinds present, an int beyond 2**53?) of each field that holds
+        values of several kinds in the collection, over the rows WHERE selects: what types it
+        (frames.value_sql), as the index path types it by the rows it fetches. One pass of
+        counts, only when some field is mixed."""
+        spec = self.plan.scan
+        mixed = self.mixed_fields()
         if not mixed:
             return {}
         aggs = {path: frames.kinds_sql(cols) for path, cols in mixed.items()}
@@ -351,3 +390,8 @@ class _Run:
         names.update((n, "a parameter") for n in self.q.duck_params)
         names["__pos"] = "*"
         return self.q.sql, lambda message: messages.duckdb_error(message, names)
+
+
+def _used(params: dict[str, Any], text: str) -> dict[str, Any]:
+    """The parameters ``text`` names (DuckDB refuses others)."""
+    return {k: v for k, v in params.items() if re.search(rf"\${re.escape(k)}\b", text)}

@@ -54,6 +54,7 @@ class Plan:
     residual: str | None = None  # the part of WHERE the index does not answer: DuckDB evaluates it
     by_column: bool = False  # index path: the fields are read from the column store at the matched rows
     arrow: bool = False  # the aggregate is computed with numpy and Arrow, not DuckDB (rtindex/sql/small.py)
+    partial_sql: str | None = None  # on a cluster: the partial aggregate each group ran (rtindex/sql/partial.py)
     # a query over collection references: the plan of each collection it reads, and lines
     # on its references (index part, residual, estimated rows)
     sources: tuple[Plan, ...] = ()
@@ -102,5 +103,7 @@ class Plan:
         if self.arrow:
             lines.append("  aggregated with numpy and Arrow compute over the matched rows (DuckDB runs the statement "
                          "below where the values need it)")
+        if self.partial_sql:
+            lines.append(f"  partial aggregate, next to the data: {self.partial_sql}")
         lines.append(f"  DuckDB: {self.duckdb_sql}" if self.duckdb_sql else "  DuckDB: not used")
         return "\n".join(lines)
