@@ -356,7 +356,27 @@ def _parser() -> argparse.ArgumentParser:
                                                        "of each file's one JSON document (such as statuses)")
     p.add_argument("--batch-size", type=int, default=1000, metavar="N",
                    help="documents per write batch (default 1000)")
+
+    p = sub.add_parser("rebalance", help="move shard groups of a Ray cluster's collections to its least loaded nodes",
+                       description="Move shard groups from the storage nodes that hold the most to those that "
+                                   "hold the fewest (a node just added holds none), one group at a time, while "
+                                   "the collections stay readable (docs/scale-out.md).")
+    p.add_argument("address", metavar="ADDRESS", nargs="?", default="auto",
+                   help="the Ray cluster: auto (default), HOST:6379 or ray://HOST:10001")
     return parser
+
+
+def _rebalance(args: argparse.Namespace) -> int:
+    """``rtindex rebalance``: one line per group moved."""
+    db = rtindex.open_cluster(args.address)
+    try:
+        moves, nodes = db.rebalance(), db.nodes()
+    finally:
+        db.close()
+    for m in moves:
+        print(f"moved {m['collection']} group {m['group']}: node {m['from']} -> node {m['to']}")
+    print(f"{len(moves)} group{'' if len(moves) == 1 else 's'} moved; storage nodes: {', '.join(nodes)}")
+    return 0
 
 
 def _output_options(p: argparse.ArgumentParser, formats: tuple[str, ...], what: str) -> None:
@@ -394,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rtindex demo: {e}", file=sys.stderr)
             return 1
         return 0
-    command = {"sql": _sql, "collections": _collections, "import": _import}[args.command]
+    command = {"sql": _sql, "collections": _collections, "import": _import, "rebalance": _rebalance}[args.command]
     try:
         return command(args)
     except BrokenPipeError:  # `rtindex sql ... | head` stopped reading: not an error

@@ -93,9 +93,10 @@ class UnavailableError(RtindexError):
     or their actor did not come back in time); ``shards`` lists them. Nothing was answered
     from the others: a query never returns part of an answer."""
 
-    def __init__(self, message: str, shards: list[int]):
+    def __init__(self, message: str, shards: list[int], moved: bool = False):
         super().__init__(message)
         self.shards = shards
+        self.moved = moved  # the shards moved to another node: the same call may succeed at once
 
 
 class SqlError(RtindexError, ValueError):

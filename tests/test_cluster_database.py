@@ -199,7 +199,7 @@ def test_a_killed_query_actor_is_restarted_and_queries_go_on(cdb):
     t = threading.Thread(target=read)
     t.start()
     time.sleep(0.3)
-    ray.kill(ray.get_actor("rkill/1/reader0", namespace=NAMESPACE), no_restart=False)
+    ray.kill(ray.get_actor("rkill/1/b/reader0", namespace=NAMESPACE), no_restart=False)
     time.sleep(3)
     stop.set()
     t.join(60)
@@ -224,3 +224,44 @@ def test_a_node_that_is_gone_makes_its_shards_unavailable_until_it_returns(clust
     finally:
         cdb.call_timeout = 30.0
     cdb.drop_collection("gone")
+
+
+def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readable(cluster, capsys):
+    c_, cdb, root = cluster
+    c = cdb.create_collection("moving", shards=4, groups=4)  # on a, b, a, b
+    c.ingest(_docs(400))
+    q = "SELECT s, COUNT(*) AS n, SUM(a) AS sa FROM moving GROUP BY s ORDER BY s"
+    want = cdb.sql(q).rows()
+    other = rtindex.open_cluster(c_.address)  # another coordinator, holding the old actors' handles
+    assert other.sql(q).rows() == want
+    ray_cluster.add_node(c_, "c")
+    c_.wait_for_nodes()
+    answers, failures, stop = [], [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                answers.append(cdb.sql(q).rows())
+            except Exception as e:  # noqa: BLE001 - any failure fails the test below
+                failures.append(e)
+    t = threading.Thread(target=read)
+    t.start()
+    try:
+        moves = cdb.rebalance()
+    finally:
+        stop.set()
+        t.join(60)
+    assert [(m["collection"], m["from"], m["to"]) for m in moves] == [("moving", "b", "c")]
+    assert not failures and answers and all(a == want for a in answers)
+    g = moves[0]["group"]
+    assert c.nodes[g] == "c" and os.path.isdir(os.path.join(root, "c", f"moving.g{g}"))
+    assert not os.path.exists(os.path.join(root, "b", f"moving.g{g}"))
+    c.ingest(_docs(20, start=1000))
+    assert c.count() == 420
+    assert other.sql(q).rows() == cdb.sql(q).rows()  # its handles were of stopped actors: found again
+    other.collection("moving").ingest(_docs(5, start=2000))
+    assert other.collection("moving").get(2001)["_id"] == 2001
+    from rtindex import cli
+    assert cli.main(["rebalance", c_.address]) == 0
+    assert "0 groups moved; storage nodes: a, b, c" in capsys.readouterr().out
+    cdb.drop_collection("moving")

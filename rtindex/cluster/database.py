@@ -18,11 +18,11 @@ from dataclasses import replace
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
 
 from rtindex import documents
 from rtindex.collection import IngestStats, check_ingest_options
-from rtindex.cluster.groups import GroupReader, GroupWriter, SnapshotExpiredError
+from rtindex.cluster.groups import GroupFiles, GroupReader, GroupWriter, SnapshotExpiredError
 from rtindex.cluster.placement import (
     CATALOG, HEAD_RESOURCE, NAMESPACE, SLIVER, Catalog, group_path, node_names, pinned,
 )
@@ -141,8 +141,8 @@ class ClusterDatabase:
         for attempt in range(ATTEMPTS):
             try:
                 return run()
-            except SnapshotExpiredError:
-                if attempt == ATTEMPTS - 1:
+            except (SnapshotExpiredError, UnavailableError) as e:
+                if attempt == ATTEMPTS - 1 or isinstance(e, UnavailableError) and not e.moved:
                     raise
 
     def _placed(self, plan: Plan) -> Plan:
@@ -153,6 +153,29 @@ class ClusterDatabase:
                 lines.extend(self._collections[name].placement())
         lines.append("  coordinator: plan, residual WHERE, DuckDB, merge of the groups' answers")
         return replace(plan, placement=tuple(lines))
+
+    def rebalance(self) -> list[dict]:
+        """Move shard groups from the storage nodes that hold the most to those that hold the
+        fewest (a node just added holds none), until they differ by one at most; returns the
+        moves made (collection, group, from, to). Each collection stays readable while its
+        group moves; writes to that group wait for the move (UnavailableError after
+        ``call_timeout``)."""
+        self._check()
+        moves = []
+        while True:
+            nodes = self.nodes()
+            specs = ray.get(self._catalog.specs.remote())
+            held = {n: [] for n in nodes}
+            for name, spec in sorted(specs.items()):
+                for g, node in enumerate(spec["nodes"]):
+                    held.setdefault(node, []).append((name, g))
+            most = max((n for n in held if n in nodes), key=lambda n: (len(held[n]), n), default=None)
+            least = min(nodes, key=lambda n: (len(held[n]), n), default=None)
+            if most is None or len(held[most]) - len(held[least]) <= 1:
+                return moves
+            name, g = held[most][-1]
+            self.collection(name).move(g, least)
+            moves.append({"collection": name, "group": g, "from": most, "to": least})
 
     def stats(self) -> dict:
         """Per collection: documents and, per group, its node and its writer's shard stats."""
@@ -191,6 +214,9 @@ class ClusterDatabase:
                 out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
             except RayTaskError as e:
                 raise e.cause from None
+            except ActorDiedError as e:  # stopped for good: moved or dropped (by another coordinator)
+                coll.refresh()
+                raise coll.unavailable([g], e, moved=True) from None
             except (RayActorError, GetTimeoutError) as e:
                 gone.append((g, e))
                 try:
@@ -244,6 +270,22 @@ class ClusterCollection:
     def _writer(self, g: int):
         return self._actor(GroupWriter, "writer", g, self._path(g), self.name, self.k, self._options)
 
+    def _reader_actors(self, g: int) -> list:
+        """The query actors of group ``g`` on its node (named by it: while a group moves, the
+        old node's serve reads until the new node's are up)."""
+        return [self._actor(GroupReader, f"{self.nodes[g]}/reader{i}", g, self._path(g), self.name, self._options)
+                for i in range(self._db.query_actors)]
+
+    def refresh(self) -> None:
+        """Read the collection's placement again and find its actors by name: after another
+        coordinator moved a group, the handles this one held are of stopped actors."""
+        spec = ray.get(self._db._catalog.specs.remote()).get(self.name)
+        if spec is None:
+            raise NotFoundError(f"no collection {self.name!r} (dropped)")
+        self.nodes = list(spec["nodes"])
+        self._writers = [self._writer(g) for g in range(self.groups)]
+        self._readers = None
+
     def readers(self) -> list[list]:
         """The query actors of each group (made once the writers have made the groups)."""
         if self._readers is None:
@@ -253,8 +295,7 @@ class ClusterCollection:
     def start(self) -> None:
         """Wait for the writers (a new group is made by its writer), then start the readers."""
         self._db.wait([w.ready.remote() for w in self._writers], self, list(range(self.groups)))
-        readers = [[self._actor(GroupReader, f"reader{i}", g, self._path(g), self.name, self._options)
-                    for i in range(self._db.query_actors)] for g in range(self.groups)]
+        readers = [self._reader_actors(g) for g in range(self.groups)]
         self._db.wait([r.ready.remote() for rs in readers for r in rs], self,
                       [g for g, rs in enumerate(readers) for _ in rs])
         self._readers = readers
@@ -265,9 +306,12 @@ class ClusterCollection:
                 f"written by actor {self.name}/{g}/writer, read by {self._db.query_actors} query actor(s) "
                 f"(index lookups, documents, column scans)" for g in range(self.groups)]
 
-    def unavailable(self, groups: list[int], cause: Exception) -> UnavailableError:
+    def unavailable(self, groups: list[int], cause: Exception, moved: bool = False) -> UnavailableError:
         shards = [s for g in groups for s in range(g * self.k, g * self.k + self.k)]
         where = ", ".join(f"group {g} on node {self.nodes[g]!r}" for g in groups)
+        if moved:
+            return UnavailableError(f"shards {shards} of collection {self.name!r} moved (now {where}); "
+                                    "run it again", shards, moved=True)
         why = "did not answer in time" if isinstance(cause, GetTimeoutError) else "is not running"
         return UnavailableError(f"shards {shards} of collection {self.name!r} are unavailable: the actor of "
                                 f"{where} {why}; retry once the node is back", shards)
@@ -319,7 +363,12 @@ class ClusterCollection:
             parts[g].append(doc)
             at[g].append(pos)
         sent = [g for g in range(self.groups) if parts[g]]
-        answers = self._db.wait([self._writers[g].ingest.remote(parts[g], "report") for g in sent], self, sent)
+        try:
+            answers = self._db.wait([self._writers[g].ingest.remote(parts[g], "report") for g in sent], self, sent)
+        except UnavailableError as e:  # a group moved: its new writer takes the parts (by _id: stored once)
+            if not e.moved:
+                raise
+            answers = self._db.wait([self._writers[g].ingest.remote(parts[g], "report") for g in sent], self, sent)
         stored: list[tuple[int, Any]] = []
         for g, got in zip(sent, answers):
             where = at[g]
@@ -346,6 +395,39 @@ class ClusterCollection:
     def flush(self) -> None:
         """Seal every group's in-memory segments (Collection.flush)."""
         self._db.wait([w.flush.remote() for w in self._writers], self, list(range(self.groups)))
+
+    def move(self, g: int, node: str, chunk_bytes: int = 8 << 20) -> None:
+        """Move group ``g`` to storage node ``node``: stop its writer (its data flushed and
+        closed), copy its directory there in chunks, start its writer and query actors there,
+        then stop the old query actors (which served reads until then) and remove the old
+        directory."""
+        old_node, old_path, old_readers = self.nodes[g], self._path(g), self.readers()[g]
+        self._db.wait([self._writers[g].close.remote()], self, [g])
+        ray.kill(self._writers[g], no_restart=True)
+        files = ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(old_node))
+        src, dst = files.remote(), ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(node)).remote()
+        new_path = group_path(self._db.root, node, self.name, g)
+        ray.get(dst.remove.remote(new_path))  # (the remains of an earlier move that stopped)
+        for rel, size in ray.get(src.listing.remote(old_path)):
+            offset = 0
+            while True:
+                data = ray.get(src.read.remote(old_path, rel, offset, chunk_bytes))
+                ray.get(dst.write.remote(new_path, rel, offset, data))
+                offset += len(data)
+                if offset >= size:
+                    break
+        spec = ray.get(self._db._catalog.move.remote(self.name, g, node))
+        self.nodes = list(spec["nodes"])
+        self._writers[g] = self._writer(g)
+        self._db.wait([self._writers[g].ready.remote()], self, [g])
+        new_readers = self._reader_actors(g)
+        self._db.wait([r.ready.remote() for r in new_readers], self, [g] * len(new_readers))
+        self._readers[g] = new_readers
+        for r in old_readers:
+            ray.kill(r, no_restart=True)
+        ray.get(src.remove.remote(old_path))
+        for a in (src, dst):
+            ray.kill(a)
 
     def drop(self) -> None:
         """Remove the collection's actors and directories (ClusterDatabase.drop_collection)."""

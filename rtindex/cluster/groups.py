@@ -160,6 +160,40 @@ class GroupReader:
         self.db.close()
 
 
+class GroupFiles:
+    """The files of a group's directory on one node, read and written in chunks: how a group
+    moves to another node (ClusterDatabase.rebalance) while its writer is stopped."""
+
+    def ready(self) -> bool:
+        return True
+
+    def listing(self, path: str) -> list[tuple[str, int]]:
+        """(path relative to ``path``, bytes) of every file under it."""
+        out = []
+        for root, _, files in os.walk(path):
+            for f in files:
+                full = os.path.join(root, f)
+                out.append((os.path.relpath(full, path), os.path.getsize(full)))
+        return sorted(out)
+
+    def read(self, path: str, rel: str, offset: int, size: int) -> bytes:
+        with open(os.path.join(path, rel), "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+    def write(self, path: str, rel: str, offset: int, data: bytes) -> None:
+        full = os.path.join(path, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "r+b" if offset else "wb") as f:
+            f.seek(offset)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def remove(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class Parts:
     """Posting parts on their way between the coordinator and a query actor."""
 
