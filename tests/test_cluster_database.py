@@ -106,6 +106,20 @@ def test_writes_are_routed_by_id_and_read_back(cdb, cluster):
     assert not os.path.exists(os.path.join(cluster[2], "a", "routed.g0"))
 
 
+def test_json_text_is_routed_by_the_id_it_holds(cdb, local):
+    text = b"\n".join([b'{"_id": %d, "a": %d}' % (i, i % 3) for i in range(40)] + [
+        b'{"a": 7}', b'{"_id": "esc\\"aped", "a": 8}', b'not json', b'[1]', b'{"_id": 2.5}'])
+    stats = cdb.create_collection("text", shards=4).ingest(text, errors="report")
+    want = local.create_collection("text", shards=4).ingest(text, errors="report")
+    assert stats.n == want.n == 42
+    assert [(e.index, e.message) for e in stats.errors] == [(e.index, e.message) for e in want.errors]
+    c = cdb.collection("text")
+    assert all(c.get(i)["a"] == i % 3 for i in range(40)) and c.get('esc"aped')["a"] == 8
+    q = "SELECT a, COUNT(*) AS n FROM text GROUP BY a ORDER BY a"
+    assert cdb.sql(q).rows() == local.sql(q).rows()
+    cdb.drop_collection("text")
+
+
 def test_a_point_query_on_id_asks_one_group(cdb):
     c = cdb.create_collection("point", shards=4)
     c.ingest(_docs(50))

@@ -17,10 +17,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
 
 from rtindex import documents
+from rtindex._impl import scan_top
 from rtindex.collection import IngestStats, check_ingest_options
 from rtindex.cluster.groups import GroupFiles, GroupReader, GroupWriter, SnapshotExpiredError
 from rtindex.cluster.placement import (
@@ -350,16 +352,7 @@ class ClusterCollection:
             if isinstance(doc, SchemaError):
                 stats.errors.append(ItemError(pos, None, doc.path, doc.message))
                 continue
-            g = 0  # (not an object, or a bad _id: group 0 tells why, as one process would)
-            if isinstance(doc, dict):
-                doc_id = doc.get("_id")
-                if doc_id is None:
-                    doc = {**doc, "_id": documents.new_id()}
-                    doc_id = doc["_id"]
-                try:
-                    g = self._group_of(doc_id)
-                except SchemaError:
-                    pass
+            g, doc = self._routed(doc)
             parts[g].append(doc)
             at[g].append(pos)
         sent = [g for g in range(self.groups) if parts[g]]
@@ -381,6 +374,39 @@ class ClusterCollection:
             self._fences[g] = got["fence"]
         for _, doc_id in sorted(stored, key=lambda p: p[0]):
             written.setdefault((type(doc_id) is str, doc_id), doc_id)
+
+    def _routed(self, doc: Any) -> tuple[int, Any]:
+        """The group of one input document, and the document as sent (given an ``_id`` when
+        it has none). JSON text (an NDJSON line, an element of an array, bytes) goes as it
+        came when its ``_id`` can be read without parsing it. What has no usable ``_id``
+        (not an object, an ``_id`` of another type) goes to group 0, which says why as one
+        process would."""
+        text = doc.raw if isinstance(doc, documents.Line) else doc if isinstance(doc, bytes) else None
+        if text is not None:
+            status, doc_id, id_key, _, close, members = scan_top(text)
+            if status == 0 and id_key is not None:
+                return documents.shard_of(id_key, self.n_shards) // self.k, doc
+            if status == 0 and doc_id is None:
+                new = documents.new_id()
+                spliced = text[:close].rstrip() + (b"," if members else b"") + b'"_id":' + orjson.dumps(new) + b"}"
+                return self._group_of(new), documents.Line(None, spliced)
+            try:
+                parsed = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                return 0, doc
+            doc = parsed
+        if not isinstance(doc, dict):
+            return 0, doc
+        doc_id = doc.get("_id")
+        if doc_id is None:
+            doc_id = documents.new_id()
+            doc = {**doc, "_id": doc_id}
+        try:
+            return self._group_of(doc_id), doc
+        except SchemaError:
+            return 0, doc
 
     def delete(self, doc_id: Any) -> bool:
         g = self._group_of(doc_id)
