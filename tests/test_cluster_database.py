@@ -124,14 +124,15 @@ def test_a_point_query_on_id_asks_one_group(cdb):
     c = cdb.create_collection("point", shards=4)
     c.ingest(_docs(50))
     snap = c.snapshot()
-    asked = []
-    fan = snap._fanout
+    opened, asked = [], []
+    opener, fan = snap._opener, snap._fanout
+    snap._opener = lambda then: opened.append(dict(then)) or opener(then)
     snap._fanout = lambda calls: asked.extend(g for g, *_ in calls) or fan(calls)
     assert snap.point("_id", 17)[1][0]["_id"] == 17
-    assert asked == [snap.group_of("_id", 17, False)]
-    asked.clear()
+    assert [list(t) for t in opened] == [[snap.group_of("_id", 17, False)]] and not asked  # one round trip
     snap.point("a", 3)
     assert sorted(asked) == [0, 1]
+    assert cdb.sql("SELECT * FROM point WHERE _id = 17").rows()[0]["a"] == 17 % 7
     cdb.drop_collection("point")
 
 

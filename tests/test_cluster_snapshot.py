@@ -29,7 +29,7 @@ class _Cluster:
         self.readers = [GroupReader(str(root / f"g{g}"), "c", OPTIONS) for g in range(GROUPS)]
         self.ref = rtindex.open(str(root / "one"), **OPTIONS)
         self.ref_coll = self.ref.create_collection("c", shards=GROUPS * K)
-        self.asked: list[int] = []
+        self.rounds: list[list[int]] = []
 
     def ingest(self, docs: list[dict]) -> None:
         parts = [[] for _ in range(GROUPS)]
@@ -40,16 +40,20 @@ class _Cluster:
         self.ref_coll.ingest(docs)
 
     def snapshot(self) -> ClusterSnapshot:
-        opened = [r.open(f, [], []) for r, f in zip(self.readers, self.fences)]
+        """A snapshot whose round trips are counted in ``rounds`` (each: the groups asked)."""
+        def opener(then):
+            self.rounds.append(list(range(GROUPS)))
+            return [pickle.loads(pickle.dumps(r.open(f, [], [], then.get(g))))
+                    for g, (r, f) in enumerate(zip(self.readers, self.fences))]
 
         def fanout(calls):
+            self.rounds.append([g for g, *_ in calls])
             out = []
-            for g, method, args, kwargs in calls:
-                self.asked.append(g)
+            for g, token, method, args, kwargs in calls:
                 args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
-                out.append(pickle.loads(pickle.dumps(self.readers[g].call(opened[g][0], method, args, kwargs))))
+                out.append(pickle.loads(pickle.dumps(self.readers[g].call(token, method, args, kwargs))))
             return out
-        return ClusterSnapshot("c", K, fanout, opened, [], [], lambda *_: None)
+        return ClusterSnapshot("c", K, GROUPS, opener, fanout, [], [], lambda *_: None)
 
     def close(self) -> None:
         for x in self.readers + self.writers:
@@ -95,13 +99,16 @@ def test_a_fetch_cuts_offset_and_limit_across_groups_in_shard_order(cluster, off
     assert docs == (matching[offset:] if limit is None else matching[offset:offset + limit])
 
 
-def test_a_point_query_on_id_asks_only_its_group(cluster):
+def test_a_point_query_on_id_is_one_round_trip_that_asks_its_group(cluster):
     snap = cluster.snapshot()
-    cluster.asked.clear()
+    cluster.rounds.clear()
     n, docs = snap.point("_id", 17)
-    assert n == 1 and docs[0]["_id"] == 17 and len(cluster.asked) == 1
-    cluster.asked.clear()
-    assert snap.point("_id", 17.0)[0] == 1 and len(cluster.asked) == GROUPS  # 17.0 matches 17: every group
+    assert n == 1 and docs[0]["_id"] == 17 and len(cluster.rounds) == 1  # pinned and asked at once
+    assert snap.count() == 120 and len(cluster.rounds) == 1
+    cluster.rounds.clear()
+    assert snap.point("_id", 17)[0] == 1 and cluster.rounds == [[snap.group_of("_id", 17, False)]]
+    cluster.rounds.clear()
+    assert snap.point("_id", 17.0)[0] == 1 and cluster.rounds == [[0, 1]]  # 17.0 matches 17: every group
 
 
 def test_a_scan_has_global_shard_numbers(cluster):

@@ -484,14 +484,16 @@ class ClusterCollection:
         readers = [self._reader(g) for g in range(self.groups)]
         typed, has = list(self._asked["column_types"]), list(self._asked["has_type"])
         groups = list(range(self.groups))
-        opened = self._db.wait([r.open.remote(self._fences[g], typed, has) for g, r in enumerate(readers)],
-                               self, groups)
-        tokens = [o[0] for o in opened]
+        fences = list(self._fences)
 
-        def fanout(calls: list[tuple[int, str, tuple, dict]]) -> list:
-            refs = [readers[g].call.remote(tokens[g], method, args, kwargs) for g, method, args, kwargs in calls]
+        def opener(then: dict[int, tuple]) -> list:
+            refs = [r.open.remote(fences[g], typed, has, then.get(g)) for g, r in enumerate(readers)]
+            return self._db.wait(refs, self, groups)
+
+        def fanout(calls: list[tuple[int, int, str, tuple, dict]]) -> list:
+            refs = [readers[g].call.remote(token, method, args, kwargs) for g, token, method, args, kwargs in calls]
             return self._db.wait(refs, self, [c[0] for c in calls])
-        return ClusterSnapshot(self.name, self.k, fanout, opened, typed, has, self._remember)
+        return ClusterSnapshot(self.name, self.k, self.groups, opener, fanout, typed, has, self._remember)
 
     def _remember(self, question: str, key: Any) -> None:
         asked = self._asked[question]

@@ -23,37 +23,63 @@ from rtindex.segments import OverBudget
 from rtindex.snapshot import Postings
 
 Path = str | Sequence[str]
-# A call of every group at once: (group, method, args, kwargs) per call -> their answers
-Fanout = Callable[[list[tuple[int, str, tuple, dict]]], list[Any]]
+# Calls of groups at once: (group, snapshot token, method, args, kwargs) each -> their answers
+Fanout = Callable[[list[tuple[int, int, str, tuple, dict]]], list[Any]]
+# Pins every group's snapshot: {group: (method, args, kwargs) to run on it at once} -> per
+# group (token, documents, rows written per shard, column types, has types, that call's answer)
+Opener = Callable[[dict[int, tuple]], list[tuple]]
 
 
 class ClusterSnapshot:
     """What one read of a collection on a cluster sees: the snapshots its query actors
-    pinned (``tokens``, one per group, opened by rtindex/cluster/database.py)."""
+    pin when it is first read (rtindex/cluster/database.py opens them). A point query on
+    ``_id`` that reads it first pins them and asks the one group in the same round trip."""
 
-    def __init__(self, name: str, shards_per_group: int, fanout: Fanout, opened: list[tuple],
+    def __init__(self, name: str, shards_per_group: int, groups: int, opener: Opener, fanout: Fanout,
                  typed_paths: list, has_types: list, asked: Callable[[str, Any], None]):
         self.name = name
         self._k = shards_per_group
+        self._groups = groups
+        self._opener = opener
         self._fanout = fanout
         self._asked = asked  # told each planner question this snapshot had to ask
-        self._groups = len(opened)
-        self._count = sum(o[1] for o in opened)
-        self.next_row_ids = tuple(n for o in opened for n in o[2])
+        self._typed_paths, self._has_types = typed_paths, has_types
+        self._tokens: list[int] | None = None
+        self._count = 0
+        self._rows: tuple[int, ...] = ()
         self._memo: dict[tuple, Any] = {}
-        for i, path in enumerate(typed_paths):
+
+    def _open(self, then: dict[int, tuple] | None = None) -> list:
+        """Pin the groups' snapshots (once); the answers of ``then``'s calls, per group."""
+        if self._tokens is not None:
+            raise AssertionError("a snapshot is opened once")
+        opened = self._opener(then or {})
+        self._tokens = [o[0] for o in opened]
+        self._count = sum(o[1] for o in opened)
+        self._rows = tuple(n for o in opened for n in o[2])
+        for i, path in enumerate(self._typed_paths):
             self._memo[("column_types", path)] = _union_types(o[3][i] for o in opened)
-        for i, (path, type_name) in enumerate(has_types):
+        for i, (path, type_name) in enumerate(self._has_types):
             self._memo[("has_type", path, type_name)] = any(o[4][i] for o in opened)
+        return [o[5] for o in opened]
+
+    @property
+    def next_row_ids(self) -> tuple[int, ...]:
+        """Rows written per shard (global shard order), as Snapshot.next_row_ids."""
+        if self._tokens is None:
+            self._open()
+        return self._rows
 
     # -- one call per group -----------------------------------------------------
     def _each(self, method: str, args: tuple = (), kwargs: dict | None = None,
               groups: Iterable[int] | None = None, per_group: Callable[[int], tuple] | None = None) -> list:
         groups = range(self._groups) if groups is None else list(groups)
+        if self._tokens is None:
+            self._open()
         calls = []
         for g in groups:
             a, kw = per_group(g) if per_group is not None else (args, kwargs or {})
-            calls.append((g, method, a, kw))
+            calls.append((g, self._tokens[g], method, a, kw))
         return list(zip(groups, self._fanout(calls)))
 
     def _postings(self, method: str, *args, budget: list[int] | None = None, **kwargs) -> Postings:
@@ -83,6 +109,8 @@ class ClusterSnapshot:
 
     # -- lookups ------------------------------------------------------------
     def count(self) -> int:
+        if self._tokens is None:
+            self._open()
         return self._count
 
     def all(self) -> Postings:
@@ -124,8 +152,11 @@ class ClusterSnapshot:
                   "max_rows": max_rows if home is not None or max_rows is None else offset + max_rows,
                   "charge": None if charge is None else [0]}
         n, docs = 0, []
-        for _, ((n_g, docs_g), counted) in self._each("point", (path, value, contains), kwargs,
-                                                      groups=None if home is None else [home]):
+        if home is not None and self._tokens is None:  # pinned and asked in one round trip
+            answers = [(home, self._open({home: ("point", (path, value, contains), kwargs)})[home])]
+        else:
+            answers = self._each("point", (path, value, contains), kwargs, groups=None if home is None else [home])
+        for _, ((n_g, docs_g), counted) in answers:
             n += n_g
             if docs is not None and docs_g is not None:
                 docs.extend(docs_g)
