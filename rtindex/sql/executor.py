@@ -270,7 +270,9 @@ class _Run:
 
     # -- the column scan (or the index path reading by column) --------------------------
     def run_scan(self) -> Result:
-        if hasattr(self.snap, "partial") and not self.mixed_fields():
+        # (a scan of the rows an index lookup matched is small: its columns travel cheaper than
+        # a DuckDB statement in every group)
+        if hasattr(self.snap, "partial") and not self.plan.by_column and not self.mixed_fields():
             pushed = self.run_partial()
             if pushed is not None:
                 return pushed

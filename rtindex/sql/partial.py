@@ -10,6 +10,7 @@ window functions, subqueries, a column outside the grouping keys) keeps the text
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sqlglot
@@ -28,6 +29,7 @@ class Split:
     final: str  # over PARTS
 
 
+@functools.lru_cache(maxsize=1024)  # (a query's text repeats: parsing and writing it again costs more than it)
 def split(text: str) -> Split | None:
     """The two halves of ``text``, or None when it cannot be split (see the module doc)."""
     try:
