@@ -316,6 +316,11 @@ def _parser() -> argparse.ArgumentParser:
                         "(default 1; 0: never)")
     p.add_argument("--no-auth", action="store_true", help="no API keys (refused unless --host is a loopback address)")
     p.add_argument("--demo", action="store_true", help="load demo events into a collection 'demo_events' if it is missing")
+    p.add_argument("--ray", default="", metavar="ADDRESS",
+                   help="serve the collections of this Ray cluster (auto, HOST:6379 or ray://HOST:10001; "
+                        "docs/scale-out.md); --data then keeps only the service's keys and metrics")
+    p.add_argument("--ray-root", default="", metavar="DIR",
+                   help="with --ray, for a cluster without collections yet: where its storage nodes keep them")
     p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
                    help="change a request limit, e.g. --limit max_body_bytes=16777216 (docs/service.md, Limits)")
     p = sub.add_parser("keys", help="manage the service's API keys")
@@ -399,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                                   max_concurrent_queries=args.max_concurrent_queries,
                                   max_queued_queries=args.max_queued_queries, queue_timeout_ms=args.queue_timeout_ms,
                                   max_loop_lag_ms=args.max_loop_lag_ms,
-                                  auth=not args.no_auth, demo=args.demo, limits=limits))
+                                  auth=not args.no_auth, demo=args.demo, ray=args.ray, ray_root=args.ray_root,
+                                  limits=limits))
     if args.command == "keys":
         return _keys(args, parser)
     if args.command == "demo":

@@ -43,6 +43,11 @@ class ServerConfig:
     keep_alive_timeout_s: int = 120
     auth: bool = True
     demo: bool = False
+    # a Ray cluster's address: the collections are the cluster's (rtindex.open_cluster), and
+    # ``data`` keeps only the service's own state (API keys, metrics); ray_root: where a new
+    # cluster keeps them on its storage nodes
+    ray: str = ""
+    ray_root: str = ""
     limits: Limits = field(default_factory=Limits)
     # filled in by the supervisor for its children
     ingest_socket: str = ""

@@ -53,6 +53,8 @@ ERRORS: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (rtindex.NotFoundError, 404, "NotFound", None),
     (rtindex.AlreadyExistsError, 409, "AlreadyExists", None),
     (rtindex.StorageError, 503, "StorageError", None),
+    # a cluster's shards whose node is gone (rtindex serve --ray): the message names them
+    (rtindex.UnavailableError, 503, "Unavailable", None),
     # a document that cannot be stored, a fence no writer made, and the arguments that
     # rtindex and the key store refuse (an invalid collection name or role): their
     # messages are written for users (any other ValueError is the server's own failure)

@@ -68,6 +68,13 @@ def load_demo(db) -> None:
                                                            progress=False)
 
 
+def _cluster(config, options: dict):
+    """The collections of the Ray cluster at ``config.ray`` (docs/scale-out.md)."""
+    import rtindex
+
+    return rtindex.open_cluster(config.ray, root=config.ray_root or None, options=options)
+
+
 def main(role: str) -> int:
     from .config import ServerConfig
 
@@ -84,8 +91,12 @@ def main(role: str) -> int:
     if role == "ingest":
         from . import ingest_app
 
-        db = rtindex.open(config.data, max_document_bytes=config.limits.max_document_bytes,
-                          max_depth=config.limits.max_depth)
+        if config.ray:
+            db = _cluster(config, {"max_document_bytes": config.limits.max_document_bytes,
+                                   "max_depth": config.limits.max_depth})
+        else:
+            db = rtindex.open(config.data, max_document_bytes=config.limits.max_document_bytes,
+                              max_depth=config.limits.max_depth)
         if config.demo:
             load_demo(db)
         app = ingest_app.build_app(db, config)
@@ -94,7 +105,8 @@ def main(role: str) -> int:
     elif role == "query":
         from . import query_app
 
-        db = rtindex.open(config.data, role="reader", max_result_bytes=config.limits.max_result_bytes)
+        db = (_cluster(config, {"max_result_bytes": config.limits.max_result_bytes}) if config.ray else
+              rtindex.open(config.data, role="reader", max_result_bytes=config.limits.max_result_bytes))
         from .shedding import shedding_protocol
 
         app = query_app.build_app(db, config)

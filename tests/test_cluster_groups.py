@@ -33,10 +33,11 @@ def test_the_writer_reports_its_part_by_position(group):
 def test_the_reader_sees_what_a_fence_covers_and_pins_snapshots(group, monkeypatch):
     w, r = group
     fence = w.ingest([{"_id": i, "a": i % 3} for i in range(20)], "report")["fence"]
-    token, count, written, types, has, then = r.open(fence, [("a",)], [(("a",), "int"), (("a",), "string")],
+    token, count, written, types, has, then, lag = r.open(fence, [("a",)], [(("a",), "int"), (("a",), "string")],
                                                      ("point", (("_id",), 4), {}))
     assert count == 20 and sum(written) == 20 and types == [["int"]] and has == [True, False]
     assert then[0][1][0]["_id"] == 4  # the call made on the snapshot just pinned
+    assert set(lag) == {"rows", "ms"}
     assert r.open(fence, [], [])[0] == token  # nothing new: the same snapshot, the same token
     parts, _ = r.call(token, "term", (("a",), 1), {})
     assert isinstance(parts, Parts)

@@ -29,16 +29,18 @@ from rtindex.cluster.placement import (
     CATALOG, HEAD_RESOURCE, NAMESPACE, SLIVER, Catalog, group_path, node_names, pinned,
 )
 from rtindex.cluster.snapshot import ClusterSnapshot
-from rtindex.database import _canonical, check_new_collection
+from rtindex.database import MAX_RESULT_BYTES, _canonical, check_new_collection
 from rtindex.documents import ItemError
+from rtindex.fence import Fence
 from rtindex.errors import (
-    ClosedError, InvalidArgumentError, NotFoundError, RtindexError, SchemaError, UnavailableError,
+    ClosedError, FenceError, InvalidArgumentError, NotFoundError, RtindexError, SchemaError, UnavailableError,
 )
 from rtindex.inputs import open_input
 from rtindex.sql.engine import SqlEngine
 from rtindex.sql.plan import Plan
 from rtindex.sql.result import Result
 
+NOT_YET = "{what} are not available on a cluster's collections yet (docs/scale-out.md)"
 SEND_DOCS = 5000  # documents routed per round of writes to the groups
 ATTEMPTS = 3  # runs of a query whose snapshot a restarted query actor no longer holds
 ASKED_MAX = 4096  # planner questions remembered per collection, asked again with each snapshot
@@ -62,7 +64,8 @@ class ClusterDatabase:
         self.options = {**OPTIONS_DEFAULT, **options}
         self.call_timeout = call_timeout
         self._collections: dict[str, ClusterCollection] = {}
-        self._sql = SqlEngine(self.collection)
+        # the result budget is the coordinator's (it builds the results); the rest is the groups'
+        self._sql = SqlEngine(self.collection, self.options.get("max_result_bytes", MAX_RESULT_BYTES))
         self._closed = False
 
     # -- collections ------------------------------------------------------------
@@ -71,11 +74,14 @@ class ClusterDatabase:
         return node_names(ray.nodes())
 
     def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False, *,
-                          groups: int | None = None) -> ClusterCollection:
+                          groups: int | None = None, transformation: str | None = None) -> ClusterCollection:
         """A collection of ``shards`` shards in ``groups`` groups (default: one per storage
-        node, as many as divide ``shards``), each group on a storage node."""
+        node, as many as divide ``shards``), each group on a storage node. ``transformation``:
+        not on a cluster yet (InvalidArgumentError when given)."""
         self._check()
         check_new_collection(name, shards)
+        if transformation is not None:
+            raise InvalidArgumentError(NOT_YET.format(what="ingest transformations"))
         nodes = self.nodes()
         if not nodes:
             raise UnavailableError("no storage node is up: start Ray nodes with a resource "
@@ -133,6 +139,32 @@ class ClusterDatabase:
             res.plan = self._placed(res.plan)
         return res
 
+    def try_point(self, sql: str, params: Any = None, *, max_rows: int = 64) -> Result | None:
+        """Database.try_point over the cluster."""
+        self._check()
+        return self._again(lambda: self._sql.try_point(sql, params, max_rows))
+
+    def caught_up(self, fence: str) -> bool:
+        """Whether reads started now see every write ``fence`` covers (a cluster collection's
+        fence, from an ingest or Collection.fence in any coordinator): the reads of this one
+        wait for those writes from now on, in each group's query actor, so it is True once
+        the fence is known good (FenceError when it is not a fence of that collection)."""
+        self._check()
+        f = Fence.parse(fence)
+        try:
+            coll = self.collection(f.collection)
+        except NotFoundError:
+            return True  # dropped: nothing left to wait for
+        coll.wait_for(f)
+        return True
+
+    def lag(self) -> dict:
+        """The worst lag of a query actor behind its writer that this coordinator's reads
+        saw (rows not indexed yet, milliseconds), as of each collection's last snapshot."""
+        self._check()
+        lags = [c.lag for c in list(self._collections.values())]
+        return {"rows": sum(r for r, _ in lags), "ms": max((ms for _, ms in lags), default=0.0)}
+
     def explain(self, sql: str, params: Any = None, *, access: str | None = None) -> Plan:
         """Database.explain, with what runs where: each group's node and actors."""
         self._check()
@@ -182,8 +214,8 @@ class ClusterDatabase:
     def stats(self) -> dict:
         """Per collection: documents and, per group, its node and its writer's shard stats."""
         self._check()
-        return {"root": self.root, "nodes": self.nodes(),
-                "collections": {n: self.collection(n).stats() for n in self.collection_names()}}
+        return {"root": self.root, "nodes": self.nodes(), "role": "coordinator", "row_cache": {},
+                "collections": {n: self.collection(n).stats() for n in self.collection_names()}, "lag": self.lag()}
 
     def close(self) -> None:
         """Forget this coordinator's handles; the cluster's actors and data stay."""
@@ -253,7 +285,9 @@ class ClusterCollection:
         self.k = self.n_shards // self.groups
         self.nodes: list[str] = list(spec["nodes"])
         self._options = spec["options"]
-        self._fences: list[str | None] = [None] * self.groups  # of this coordinator's writes
+        self.created = spec["created"]
+        self._fences: list[str | None] = [None] * self.groups  # the writes this coordinator's reads must see
+        self.lag = (0, 0.0)  # (rows, ms) behind their writers, worst of the query actors at the last snapshot
         self._writers = [self._writer(g) for g in range(self.groups)]
         self._readers: list[list] | None = None
         self._turn = itertools.count()
@@ -322,11 +356,56 @@ class ClusterCollection:
     def _group_of(self, doc_id: Any) -> int:
         return documents.shard_of(documents.encode_id(doc_id), self.n_shards) // self.k
 
+    # -- what one database's collections have, and a cluster's not yet ---------------
+    transformation = None  # (Collection.transformation: none on a cluster)
+
+    def set_transformation(self, sql: str | None) -> None:
+        raise InvalidArgumentError(NOT_YET.format(what="ingest transformations"))
+
+    def add_source(self, source: Any, exist_ok: bool = False) -> dict:
+        raise InvalidArgumentError(NOT_YET.format(what="sources"))
+
+    def sources(self) -> list[dict]:
+        return []
+
+    # -- fences: a cluster collection's is the groups' counters in shard order ----------
+    def fence(self) -> str:
+        """A write fence covering every write to this collection acknowledged so far (its
+        groups' writers are asked): give it to ``caught_up`` of any coordinator."""
+        g = list(range(self.groups))
+        return self._cluster_fence(self._db.wait([w.fence.remote() for w in self._writers], self, g))
+
+    def _cluster_fence(self, group_fences: list[str]) -> str:
+        counters = tuple(c for f in group_fences for c in Fence.parse(f).counters)
+        return str(Fence(self.name, self.created, counters))
+
+    def wait_for(self, f: Fence) -> None:
+        """Make this coordinator's reads wait for the writes ``f`` covers (FenceError if it
+        is not a fence of this collection)."""
+        if f.created != self.created or len(f.counters) != self.n_shards:
+            raise FenceError(f"not a write fence of collection {self.name!r} as it is now: {f}")
+        created = self._group_created()
+        for g in range(self.groups):
+            local = Fence(self.name, created[g], f.counters[g * self.k:(g + 1) * self.k])
+            known = Fence.parse(self._fences[g]) if self._fences[g] else None
+            if known is not None and known.created == local.created:
+                local = Fence(self.name, local.created, tuple(map(max, known.counters, local.counters)))
+            self._fences[g] = str(local)
+
+    def _group_created(self) -> list[int]:
+        """When each group's own database made the collection (what its fences carry)."""
+        if getattr(self, "_created", None) is None:
+            g = list(range(self.groups))
+            self._created = [Fence.parse(f).created
+                             for f in self._db.wait([w.fence.remote() for w in self._writers], self, g)]
+        return self._created
+
     def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
-               json_path: str | None = None) -> IngestStats:
+               progress: bool | None = None, json_path: str | None = None) -> IngestStats:
         """Collection.ingest: each document to its shard's group (an ``_id`` is given here to
         a document without one), every group's part at once; stored and durable once
-        counted in the returned stats."""
+        counted in the returned stats, whose ``fence`` covers them. ``progress``: no bar
+        on a cluster yet (accepted, for code written for one database)."""
         check_ingest_options(batch_size, errors)
         t0 = time.perf_counter()
         stats = IngestStats()
@@ -339,6 +418,10 @@ class ClusterCollection:
                 self._send(chunk, stats, written)
         stats.ids = list(written.values())
         stats.n = len(stats.ids)
+        if any(f is None for f in self._fences):
+            stats.fence = self.fence()
+        else:
+            stats.fence = self._cluster_fence(self._fences)
         stats.errors.sort(key=lambda e: e.index)
         stats.replaced.sort()
         stats.seconds = time.perf_counter() - t0
@@ -488,7 +571,9 @@ class ClusterCollection:
 
         def opener(then: dict[int, tuple]) -> list:
             refs = [r.open.remote(fences[g], typed, has, then.get(g)) for g, r in enumerate(readers)]
-            return self._db.wait(refs, self, groups)
+            opened = self._db.wait(refs, self, groups)
+            self.lag = (sum(o[6]["rows"] for o in opened), max(o[6]["ms"] for o in opened))
+            return opened
 
         def fanout(calls: list[tuple[int, int, str, tuple, dict]]) -> list:
             refs = [readers[g].call.remote(token, method, args, kwargs) for g, token, method, args, kwargs in calls]
@@ -502,5 +587,7 @@ class ClusterCollection:
 
     def stats(self) -> dict:
         got = self._db.wait([w.stats.remote() for w in self._writers], self, list(range(self.groups)))
-        return {"name": self.name, "shards": self.n_shards, "documents": sum(s["documents"] for s in got),
+        shards = [{**sh, "shard": g * self.k + sh["shard"], "node": self.nodes[g]}
+                  for g, st in enumerate(got) for sh in st["shards"]]
+        return {"name": self.name, "documents": sum(s["documents"] for s in got), "shards": shards,
                 "groups": [{"group": g, "node": self.nodes[g], "shards": s["shards"]} for g, s in enumerate(got)]}

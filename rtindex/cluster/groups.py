@@ -105,8 +105,9 @@ class GroupReader:
         """Pin the collection's current snapshot once the writes ``fence`` covers are
         visible: (token, documents, rows written per shard, column_types of each of
         ``typed_paths``, has_type of each (path, type name) of ``has_types``, the answer of
-        ``then``, a (method, args, kwargs) call of it, or None). The answers the
-        coordinator's planner asked of earlier snapshots come along, not one round trip each."""
+        ``then``, a (method, args, kwargs) call of it, or None; this reader's lag). The
+        answers the coordinator's planner asked of earlier snapshots come along, not one
+        round trip each."""
         self._caught_up(fence)
         snap = self.db.collection(self.name).snapshot()
         with self._lock:
@@ -121,7 +122,8 @@ class GroupReader:
             else:
                 self._pinned.move_to_end(token)
         return (token, snap.count(), snap.next_row_ids, [snap.column_types(p) for p in typed_paths],
-                [snap.has_type(p, t) for p, t in has_types], None if then is None else self.call(token, *then))
+                [snap.has_type(p, t) for p, t in has_types], None if then is None else self.call(token, *then),
+                self.db.lag())
 
     def call(self, token: int, method: str, args: tuple, kwargs: dict) -> Any:
         """``method`` of the pinned snapshot ``token``: posting parts in and out as
