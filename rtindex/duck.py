@@ -172,15 +172,21 @@ class DuckEngine:
         _OPEN.add(self)
 
     def run(self, sql: str, tables: Mapping[str, pa.Table], params: Mapping[str, Any] | None = None,
-            max_bytes: int | None = None, query: QueryContext | None = None) -> pa.Table:
+            max_bytes: int | None = None, query: QueryContext | None = None, exact_sums: bool = False) -> pa.Table:
         """Run one SELECT over the given Arrow tables (registered under those names for this
         call only) with named parameters ($name in the text) and return the result as a
         pyarrow Table. ``query``: the user's SQL text, and what its internal names stand
         for (see :meth:`_error`). With ``max_bytes``, a result that grows past it is not kept: the rest
-        is only counted, batch by batch, and :class:`OutputTooLarge` says how big it was."""
+        is only counted, batch by batch, and :class:`OutputTooLarge` says how big it was.
+        ``exact_sums``: HUGEINT columns (sums of integers) stay 128-bit, as decimal128(38, 0)
+        named in the schema's metadata (``HUGEINT_COLUMNS``), for a sum of sums to add up."""
         cursor = self._open_cursor(self._running)
         try:
-            relation = self._relation(cursor, sql, tables, params)
+            relation = self._relation(cursor, sql, tables, params, exact_sums)
+            if exact_sums:
+                hugeint = [n for n, t in zip(relation.columns, relation.types) if str(t) == "HUGEINT"]
+                table = relation.to_arrow_table()
+                return table.replace_schema_metadata({HUGEINT_COLUMNS: ",".join(hugeint).encode()})
             if max_bytes is None:
                 return relation.to_arrow_table()
             reader = relation.to_arrow_reader(READ_BATCH_ROWS)
@@ -276,13 +282,14 @@ class DuckEngine:
                 self._cond.wait(wait)
 
     def _relation(self, cursor: duckdb.DuckDBPyConnection, sql: str, tables: Mapping[str, pa.Table],
-                  params: Mapping[str, Any] | None) -> duckdb.DuckDBPyRelation:
+                  params: Mapping[str, Any] | None, exact_sums: bool = False) -> duckdb.DuckDBPyRelation:
         statement = self._statement(cursor, sql)
         for name, table in tables.items():
             cursor.register(name, table)  # a view over memory: no external access needed
         # sql() on the checked statement runs exactly what was checked, and its
         # relation hands Arrow over without the copy a DB-API result makes.
-        return _hugeint_as_bigint(cursor.sql(statement, params=None if params is None else dict(params)))
+        relation = cursor.sql(statement, params=None if params is None else dict(params))
+        return relation if exact_sums else _hugeint_as_bigint(relation)
 
     def _error(self, e: Exception, sql: str, query: QueryContext | None = None,
                cursor: duckdb.DuckDBPyConnection | None = None) -> RtindexError:
@@ -364,6 +371,9 @@ def json_objects(names: list[str], arrays: list[pa.Array]) -> pa.Array:
     finally:
         con.unregister("batch")
     return text.combine_chunks() if text.num_chunks != 1 else text.chunk(0)
+
+
+HUGEINT_COLUMNS = b"rtindex.hugeint"  # schema metadata of DuckEngine.run(exact_sums=True): its HUGEINT columns
 
 
 def _hugeint_as_bigint(relation: duckdb.DuckDBPyRelation) -> duckdb.DuckDBPyRelation:

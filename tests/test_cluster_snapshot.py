@@ -153,3 +153,17 @@ def test_an_aggregate_over_the_scan_is_split_between_the_groups_and_here(cluster
         assert engine.sql(distinct, None, "scan").rows() == cluster.ref.sql(distinct, access="scan").rows()
     finally:
         engine.close()
+
+
+def test_a_sum_of_integers_past_64_bits_in_a_part_adds_up_as_in_one_database(tmp_path):
+    big = _Cluster(tmp_path)
+    try:
+        big.ingest([{"_id": i, "i": v} for i, v in enumerate([2**63 - 1, 2**31, -2**63, 1, 2**63 - 1, -2**63])])
+        engine = SqlEngine(lambda name: big)
+        sql = "SELECT SUM(i) AS s, MAX(i) AS hi, COUNT(*) AS n FROM c"
+        got = engine.sql(sql, None, "scan")
+        assert got.plan.partial_sql is not None
+        assert got.rows() == big.ref.sql(sql, access="scan").rows() == [{"s": 2**31 - 1, "hi": 2**63 - 1, "n": 6}]
+        engine.close()
+    finally:
+        big.close()

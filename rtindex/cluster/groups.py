@@ -150,7 +150,7 @@ class GroupReader:
         with self._lock:
             if self._duck is None:
                 self._duck = DuckEngine()
-        return self._duck.run(text, {"scan": table}, params)
+        return self._duck.run(text, {"scan": table}, params, exact_sums=True)
 
     def get(self, doc_id: Any, fence: str | None) -> dict | None:
         self._caught_up(fence)

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from rtindex import documents, keys
 from rtindex.cluster.groups import Parts
+from rtindex.duck import HUGEINT_COLUMNS
 from rtindex.segments import OverBudget
 from rtindex.snapshot import Postings
 
@@ -235,7 +236,10 @@ class ClusterSnapshot:
         specs = [(keys.split_path(p), t) for p, t in specs]
         found = self._each("partial", per_group=lambda g: (
             (specs, None if rows is None else Parts(split.get(g, {})), text, params), {}))
-        return pa.concat_tables([table for _, (table, _) in found], promote_options="permissive")
+        tables = [table for _, (table, _) in found]
+        hugeint = {n for t in tables for n in (t.schema.metadata or {}).get(HUGEINT_COLUMNS, b"").decode().split(",") if n}
+        out = pa.concat_tables([t.replace_schema_metadata(None) for t in tables], promote_options="permissive")
+        return out.replace_schema_metadata({HUGEINT_COLUMNS: ",".join(sorted(hugeint)).encode()})
 
     # -- what planners ask ----------------------------------------------------
     def has_type(self, path: Path, type_name: str) -> bool:

@@ -319,13 +319,14 @@ class _Run:
                                   halves.partial, _used(params, halves.partial))
         t1 = time.perf_counter()
         self.timings["scan" if not self.plan.by_column else "fetch"] = t1 - t0
-        self.ran_sql, self.partial_sql = halves.final, halves.partial
-        final = _used(params, halves.final)
+        text, tables = partial.final_over(halves.final, parts)
+        self.ran_sql, self.partial_sql = text, halves.partial
+        final = _used(params, text)
 
         def stream(batch_rows: int) -> pa.RecordBatchReader:
-            return self.duck().stream(halves.final, {partial.PARTS: parts}, final, batch_rows, query=self.names())
+            return self.duck().stream(text, tables, final, batch_rows, query=self.names())
         try:
-            out = self.duck().run(halves.final, {partial.PARTS: parts}, final, self.budget, query=self.names())
+            out = self.duck().run(text, tables, final, self.budget, query=self.names())
         except OutputTooLarge as e:
             return self.refused(e.columns, e.rows, e.nbytes, False, stream)
         finally:

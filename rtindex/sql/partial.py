@@ -13,10 +13,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+from rtindex.duck import HUGEINT_COLUMNS
+
 PARTS = "parts"  # the table the final text reads: every part's partial rows
+RAW_PARTS = "parts_raw"  # the parts as they came, when some of their sums are 128-bit
 # (sqlglot names these two args from_ and with_ since 28, from and with before)
 _FROM = "from_" if "from_" in exp.Select.arg_types else "from"
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"
@@ -97,3 +101,14 @@ def _from_name(tree: exp.Select) -> str | None:
 
 def _outer_subquery(tree: exp.Select) -> bool:
     return any(s.find_ancestor(exp.With) is None for s in tree.find_all(exp.Subquery))
+
+
+def final_over(final: str, parts: pa.Table) -> tuple[str, dict[str, pa.Table]]:
+    """The final text and its tables over ``parts``: sums of integers that a part kept
+    128-bit (named in ``HUGEINT_COLUMNS``, as decimal128 in Arrow) are HUGEINT again, so
+    that the merged sum is typed as one process's."""
+    hugeint = {n for n in (parts.schema.metadata or {}).get(HUGEINT_COLUMNS, b"").decode().split(",") if n}
+    if not hugeint:
+        return final, {PARTS: parts}
+    cols = ", ".join(f'CAST("{n}" AS HUGEINT) AS "{n}"' if n in hugeint else f'"{n}"' for n in parts.column_names)
+    return f'WITH "{PARTS}" AS (SELECT {cols} FROM "{RAW_PARTS}") {final}', {RAW_PARTS: parts}
