@@ -288,6 +288,7 @@ class ClusterCollection:
         self.created = spec["created"]
         self._fences: list[str | None] = [None] * self.groups  # the writes this coordinator's reads must see
         self.lag = (0, 0.0)  # (rows, ms) behind their writers, worst of the query actors at the last snapshot
+        self._created: list[int] | None = None  # per group, when its own database made the collection
         self._writers = [self._writer(g) for g in range(self.groups)]
         self._readers: list[list] | None = None
         self._turn = itertools.count()
@@ -394,7 +395,7 @@ class ClusterCollection:
 
     def _group_created(self) -> list[int]:
         """When each group's own database made the collection (what its fences carry)."""
-        if getattr(self, "_created", None) is None:
+        if self._created is None:
             g = list(range(self.groups))
             self._created = [Fence.parse(f).created
                              for f in self._db.wait([w.fence.remote() for w in self._writers], self, g)]
