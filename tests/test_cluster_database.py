@@ -251,23 +251,41 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
     assert other.sql(q).rows() == want
     ray_cluster.add_node(c_, "c")
     c_.wait_for_nodes()
-    answers, failures, stop = [], [], threading.Event()
+    qx = "SELECT s, COUNT(*) AS n FROM moving WHERE s LIKE 'x%' GROUP BY s ORDER BY s"  # not the writes below
+    want_x = cdb.sql(qx).rows()
+    answers, failures, acked, stop = [], [], [], threading.Event()
+    writer_db = rtindex.open_cluster(c_.address)  # writes from a coordinator that is not moving anything
 
     def read():
         while not stop.is_set():
             try:
-                answers.append(cdb.sql(q).rows())
+                answers.append(cdb.sql(qx).rows())
             except Exception as e:  # noqa: BLE001 - any failure fails the test below
                 failures.append(e)
-    t = threading.Thread(target=read)
-    t.start()
+
+    def write():
+        for k in range(10_000, 10_000 + 60):
+            if stop.is_set():
+                break
+            try:
+                writer_db.collection("moving").ingest([{"_id": k, "s": "w"}])
+                acked.append(k)
+            except Exception as e:  # noqa: BLE001 - any failure fails the test below
+                failures.append(e)
+    threads = [threading.Thread(target=read), threading.Thread(target=write)]
+    for t in threads:
+        t.start()
     try:
         moves = cdb.rebalance()
     finally:
         stop.set()
-        t.join(60)
+        for t in threads:
+            t.join(60)
     assert [(m["collection"], m["from"], m["to"]) for m in moves] == [("moving", "b", "c")]
-    assert not failures and answers and all(a == want for a in answers)
+    assert not failures and answers and all(a == want_x for a in answers)
+    assert acked and {r["_id"] for r in cdb.sql("SELECT _id FROM moving WHERE s = 'w'").rows()} == set(acked)
+    for k in acked:  # (the counts below are of the documents before)
+        assert c.delete(k)
     g = moves[0]["group"]
     assert c.nodes[g] == "c" and os.path.isdir(os.path.join(root, "c", f"moving.g{g}"))
     assert not os.path.exists(os.path.join(root, "b", f"moving.g{g}"))
@@ -279,4 +297,8 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
     from rtindex import cli
     assert cli.main(["rebalance", c_.address]) == 0
     assert "0 groups moved; storage nodes: a, b, c" in capsys.readouterr().out
+    # a move that stopped half way (marked, not done) is finished by the next rebalance
+    ray.get(cdb._catalog.begin_move.remote("moving", 0, "b"))
+    assert [(m["group"], m["to"]) for m in cdb.rebalance()][0] == (0, "b")
+    assert cdb.sql(q).rows() == other.sql(q).rows() and c.count() == 425
     cdb.drop_collection("moving")

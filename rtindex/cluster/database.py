@@ -196,6 +196,12 @@ class ClusterDatabase:
         ``call_timeout``)."""
         self._check()
         moves = []
+        for name, spec in sorted(ray.get(self._catalog.specs.remote()).items()):
+            for g, node in sorted(spec.get("moving", {}).items()):  # a move that stopped half way
+                coll = self._collections.get(name) or ClusterCollection(self, name, spec, settled=False)
+                coll.move(int(g), node)
+                moves.append({"collection": name, "group": int(g), "from": spec["nodes"][int(g)], "to": node})
+                self._collections[name] = coll
         while True:
             nodes = self.nodes()
             specs = ray.get(self._catalog.specs.remote())
@@ -278,9 +284,11 @@ def _catalog(root: str | None):
 class ClusterCollection:
     """A collection spread over shard groups: routes writes, opens snapshots."""
 
-    def __init__(self, db: ClusterDatabase, name: str, spec: dict):
+    def __init__(self, db: ClusterDatabase, name: str, spec: dict, settled: bool = True):
         self._db = db
         self.name = name
+        if settled and spec.get("moving"):
+            spec = self._settled()
         self.n_shards, self.groups = spec["shards"], spec["groups"]
         self.k = self.n_shards // self.groups
         self.nodes: list[str] = list(spec["nodes"])
@@ -316,12 +324,29 @@ class ClusterCollection:
     def refresh(self) -> None:
         """Read the collection's placement again and find its actors by name: after another
         coordinator moved a group, the handles this one held are of stopped actors."""
-        spec = ray.get(self._db._catalog.specs.remote()).get(self.name)
-        if spec is None:
-            raise NotFoundError(f"no collection {self.name!r} (dropped)")
+        spec = self._settled()
         self.nodes = list(spec["nodes"])
         self._writers = [self._writer(g) for g in range(self.groups)]
         self._readers = None
+
+    def _settled(self) -> dict:
+        """The collection's placement once none of its groups is moving (a writer started
+        during a move would write where the group is leaving): UnavailableError when one
+        still is after ``call_timeout`` seconds."""
+        deadline = time.monotonic() + self._db.call_timeout
+        while True:
+            spec = ray.get(self._db._catalog.specs.remote()).get(self.name)
+            if spec is None:
+                raise NotFoundError(f"no collection {self.name!r} (dropped)")
+            moving = sorted(int(g) for g in spec.get("moving", {}))
+            if not moving:
+                return spec
+            if time.monotonic() > deadline:
+                k = spec["shards"] // spec["groups"]
+                shards = [s for g in moving for s in range(g * k, g * k + k)]
+                raise UnavailableError(f"shards {shards} of collection {self.name!r} are moving to another node "
+                                       "(rtindex rebalance); retry when the move is done", shards)
+            time.sleep(0.05)
 
     def readers(self) -> list[list]:
         """The query actors of each group (made once the writers have made the groups)."""
@@ -376,8 +401,9 @@ class ClusterCollection:
         g = list(range(self.groups))
         return self._cluster_fence(self._db.wait([w.fence.remote() for w in self._writers], self, g))
 
-    def _cluster_fence(self, group_fences: list[str]) -> str:
-        counters = tuple(c for f in group_fences for c in Fence.parse(f).counters)
+    def _cluster_fence(self, group_fences: list[str | None]) -> str:
+        """The collection's fence of its groups' (None: none needed of that group)."""
+        counters = tuple(c for f in group_fences for c in (Fence.parse(f).counters if f else (0,) * self.k))
         return str(Fence(self.name, self.created, counters))
 
     def wait_for(self, f: Fence) -> None:
@@ -419,10 +445,7 @@ class ClusterCollection:
                 self._send(chunk, stats, written)
         stats.ids = list(written.values())
         stats.n = len(stats.ids)
-        if any(f is None for f in self._fences):
-            stats.fence = self.fence()
-        else:
-            stats.fence = self._cluster_fence(self._fences)
+        stats.fence = self._cluster_fence(self._fences)
         stats.errors.sort(key=lambda e: e.index)
         stats.replaced.sort()
         stats.seconds = time.perf_counter() - t0
@@ -512,7 +535,11 @@ class ClusterCollection:
         then stop the old query actors (which served reads until then) and remove the old
         directory."""
         old_node, old_path, old_readers = self.nodes[g], self._path(g), self.readers()[g]
-        self._db.wait([self._writers[g].close.remote()], self, [g])
+        ray.get(self._db._catalog.begin_move.remote(self.name, g, node))
+        try:
+            ray.get(self._writers[g].close.remote(), timeout=self._db.call_timeout)
+        except (RayActorError, GetTimeoutError):
+            pass  # (stopped already: a move that stopped half way, finished now)
         ray.kill(self._writers[g], no_restart=True)
         files = ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(old_node))
         src, dst = files.remote(), ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(node)).remote()

@@ -57,7 +57,8 @@ def place(groups: int, nodes: list[str], load: dict[str, int]) -> list[str]:
 class Catalog:
     """The cluster's collections (a detached actor on the head node): name -> spec, with
     ``shards``, ``groups``, ``nodes`` (one per group), ``options`` (what each group's
-    database is opened with) and ``created``."""
+    database is opened with), ``created``, and ``moving`` (group -> the node it is moving
+    to, while it moves)."""
 
     def __init__(self, root: str):
         self.root = root
@@ -82,12 +83,23 @@ class Catalog:
             self._save({**self._specs, name: spec})
             return spec
 
+    def begin_move(self, name: str, group: int, node: str) -> dict:
+        """Mark ``group`` as moving to ``node``: no coordinator starts its writer until
+        :meth:`move` says where it is (a rebalance finishes a move that stopped half way)."""
+        with self._lock:
+            spec = self._get(name)
+            spec = {**spec, "moving": {**spec.get("moving", {}), str(group): node}}
+            self._save({**self._specs, name: spec})
+            return spec
+
     def move(self, name: str, group: int, node: str) -> dict:
+        """``group`` is now on ``node`` (and no longer moving)."""
         with self._lock:
             spec = self._get(name)
             nodes = list(spec["nodes"])
             nodes[group] = node
-            spec = {**spec, "nodes": nodes}
+            moving = {k: v for k, v in spec.get("moving", {}).items() if k != str(group)}
+            spec = {**spec, "nodes": nodes, "moving": moving}
             self._save({**self._specs, name: spec})
             return spec
 
