@@ -281,6 +281,20 @@ def _catalog(root: str | None):
         resources={HEAD_RESOURCE: SLIVER}, max_restarts=-1, max_task_retries=-1).remote(os.path.abspath(root))
 
 
+def _wait_dead(actors: list, timeout: float) -> None:
+    """Return once each of ``actors`` (killed) answers no more, or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    for a in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(a.ready.remote(), timeout=1.0)
+            except RayActorError:
+                break
+            except GetTimeoutError:
+                continue
+            time.sleep(0.05)  # (answered: not dead yet)
+
+
 class ClusterCollection:
     """A collection spread over shard groups: routes writes, opens snapshots."""
 
@@ -562,6 +576,7 @@ class ClusterCollection:
         self._readers[g] = new_readers
         for r in old_readers:
             ray.kill(r, no_restart=True)
+        _wait_dead(old_readers, self._db.call_timeout)  # (a reader still up would see its files go)
         ray.get(src.remove.remote(old_path))
         for a in (src, dst):
             ray.kill(a)
