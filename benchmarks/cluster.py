@@ -125,8 +125,8 @@ import psutil  # noqa: E402
 
 from benchmarks import datagen  # noqa: E402
 from benchmarks.figures import check, rnd  # noqa: E402
-from benchmarks.ingest import EVENT_TIME_BASE_US, Progress, generating_input, log  # noqa: E402
-from benchmarks.query import CTR_LIMIT, RT_CTR, RT_EMAIL, RT_PB  # noqa: E402
+from benchmarks.ingest import Progress, log  # noqa: E402
+from benchmarks.query import CTR_LIMIT, RT_CTR, RT_EMAIL, RT_PB, generate  # noqa: E402
 
 EVENTS, CLICKS = "events", "product_clicks"
 SHARDS = 4
@@ -199,17 +199,6 @@ class Workload:
                     "GROUP BY tier ORDER BY n DESC, tier", None, ("n", "tier")),
         ]
         return out
-
-
-def generate(n_events: int, n_clicks: int, seed: int) -> tuple[list[dict], list[dict]]:
-    with generating_input():
-        p = Progress("gen events", n_events)
-        events = list(p.wrap(datagen.rockbench_events(n_events, seed=seed, event_time_us=EVENT_TIME_BASE_US)))
-        p.finish()
-        p = Progress("gen clicks", n_clicks, unit="rows")
-        clicks = list(p.wrap(datagen.product_clicks(n_clicks, seed=seed)))
-        p.finish()
-    return events, clicks
 
 
 # ---------------------------------------------------------------------------
@@ -707,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     scale: dict[int, dict] = {}
     over: dict[str, Any] | None = None
     try:
-        events, clicks = generate(n_events, n_clicks, args.seed)
+        events, clicks, _ = generate(n_events, n_clicks, args.seed)
         w = Workload(events, clicks, args.seed)
         local_path = os.path.join(work, "local")
         log("one process ...")
