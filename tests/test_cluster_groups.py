@@ -4,10 +4,12 @@ and lets the oldest go."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from rtindex.cluster import groups
-from rtindex.cluster.groups import GroupReader, GroupWriter, Parts, SnapshotExpiredError
+from rtindex.cluster.groups import GroupReader, GroupStoppedError, GroupWriter, Parts, SnapshotExpiredError
 from rtindex.errors import RtindexError
 
 
@@ -28,6 +30,33 @@ def test_the_writer_reports_its_part_by_position(group):
     assert w.ingest([{"_id": 2, "a": 2}], "report")["replaced"] == [0]
     found, fence = w.delete(1)
     assert found and fence
+
+
+def test_a_stopped_writer_finishes_the_write_under_way_and_refuses_later_ones(group, monkeypatch):
+    w, _ = group
+    entered, release = threading.Event(), threading.Event()
+    ingest = w.coll.ingest
+
+    def slow(*a, **k):
+        entered.set()
+        release.wait(10)
+        return ingest(*a, **k)
+    monkeypatch.setattr(w.coll, "ingest", slow)
+    got = []
+    writing = threading.Thread(target=lambda: got.append(w.ingest([{"_id": 1}], "report")))
+    writing.start()
+    entered.wait(10)
+    closing = threading.Thread(target=w.close)
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive()  # waits for the write under way
+    release.set()
+    writing.join(10)
+    closing.join(10)
+    assert got[0]["n"] == 1 and w.db.closed
+    for call in (lambda: w.ingest([{"_id": 2}], "report"), lambda: w.delete(1), lambda: w.fence(), w.flush):
+        with pytest.raises(GroupStoppedError, match="stopped for a move"):
+            call()
 
 
 def test_the_reader_sees_what_a_fence_covers_and_pins_snapshots(group, monkeypatch):

@@ -24,7 +24,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTa
 from rtindex import documents
 from rtindex._impl import scan_top
 from rtindex.collection import IngestStats, check_ingest_options
-from rtindex.cluster.groups import GroupFiles, GroupReader, GroupWriter, SnapshotExpiredError
+from rtindex.cluster.groups import GroupFiles, GroupReader, GroupStoppedError, GroupWriter, SnapshotExpiredError
 from rtindex.cluster.placement import (
     CATALOG, HEAD_RESOURCE, NAMESPACE, SLIVER, Catalog, group_path, node_names, pinned,
 )
@@ -243,26 +243,36 @@ class ClusterDatabase:
             raise ClosedError("the cluster database is closed")
 
     # -- calls of the groups' actors ------------------------------------------------
-    def wait(self, refs: list, coll: ClusterCollection, groups: list[int]) -> list:
+    def wait(self, refs: list, coll: ClusterCollection, groups: list[int], again=None) -> list:
         """The answers of ``refs`` (one call per group of ``groups``): an error raised in an
         actor as itself; UnavailableError naming the shards of every group that is gone or
-        did not answer in ``call_timeout`` seconds."""
+        did not answer in ``call_timeout`` seconds. A group that moved is UnavailableError
+        too (``moved``), unless ``again(g)`` makes the call anew: then it goes once to the
+        group's actor on its new node."""
         deadline = time.monotonic() + self.call_timeout
         out, gone = [], []
         for ref, g in zip(refs, groups):
-            try:
-                out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
-            except RayTaskError as e:
-                raise e.cause from None
-            except ActorDiedError as e:  # stopped for good: moved or dropped (by another coordinator)
-                coll.refresh()
-                raise coll.unavailable([g], e, moved=True) from None
-            except (RayActorError, GetTimeoutError) as e:
-                gone.append((g, e))
+            for attempt in range(2):
                 try:
-                    ray.cancel(ref)  # (a call waiting for its actor's node: not run when it returns)
-                except Exception:  # noqa: BLE001 - already finished or its actor is gone: nothing to stop
-                    pass
+                    out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                    break
+                except RayTaskError as e:
+                    if not isinstance(e.cause, GroupStoppedError):
+                        raise e.cause from None
+                    moved: Exception = e.cause
+                except ActorDiedError as e:  # stopped for good: moved or dropped (by another coordinator)
+                    moved = e
+                except (RayActorError, GetTimeoutError) as e:
+                    gone.append((g, e))
+                    try:
+                        ray.cancel(ref)  # (a call waiting for its actor's node: not run when it returns)
+                    except Exception:  # noqa: BLE001 - already finished or its actor is gone: nothing to stop
+                        pass
+                    break
+                coll.refresh()  # (waits for the move to end)
+                if again is None or attempt:
+                    raise coll.unavailable([g], moved, moved=True) from None
+                ref, deadline = again(g), time.monotonic() + self.call_timeout
         if gone:
             raise coll.unavailable([g for g, _ in gone], gone[0][1])
         return out
@@ -412,8 +422,7 @@ class ClusterCollection:
     def fence(self) -> str:
         """A write fence covering every write to this collection acknowledged so far (its
         groups' writers are asked): give it to ``caught_up`` of any coordinator."""
-        g = list(range(self.groups))
-        return self._cluster_fence(self._db.wait([w.fence.remote() for w in self._writers], self, g))
+        return self._cluster_fence(self._write("fence", list(range(self.groups)), lambda _: ()))
 
     def _cluster_fence(self, group_fences: list[str | None]) -> str:
         """The collection's fence of its groups' (None: none needed of that group)."""
@@ -436,9 +445,7 @@ class ClusterCollection:
     def _group_created(self) -> list[int]:
         """When each group's own database made the collection (what its fences carry)."""
         if self._created is None:
-            g = list(range(self.groups))
-            self._created = [Fence.parse(f).created
-                             for f in self._db.wait([w.fence.remote() for w in self._writers], self, g)]
+            self._created = [Fence.parse(f).created for f in self._write("fence", list(range(self.groups)), lambda _: ())]
         return self._created
 
     def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
@@ -477,12 +484,7 @@ class ClusterCollection:
             parts[g].append(doc)
             at[g].append(pos)
         sent = [g for g in range(self.groups) if parts[g]]
-        try:
-            answers = self._db.wait([self._writers[g].ingest.remote(parts[g], "report") for g in sent], self, sent)
-        except UnavailableError as e:  # a group moved: its new writer takes the parts (by _id: stored once)
-            if not e.moved:
-                raise
-            answers = self._db.wait([self._writers[g].ingest.remote(parts[g], "report") for g in sent], self, sent)
+        answers = self._write("ingest", sent, lambda g: (parts[g], "report"))
         stored: list[tuple[int, Any]] = []
         for g, got in zip(sent, answers):
             where = at[g]
@@ -529,19 +531,26 @@ class ClusterCollection:
         except SchemaError:
             return 0, doc
 
+    def _write(self, method: str, groups: list[int], args) -> list:
+        """``method(*args(g))`` of the writer of each of ``groups``; a group that moved gets
+        it again on its new node (a writer stopped for a move ran none of it)."""
+        def call(g: int):
+            return getattr(self._writers[g], method).remote(*args(g))
+        return self._db.wait([call(g) for g in groups], self, groups, again=call)
+
     def delete(self, doc_id: Any) -> bool:
         g = self._group_of(doc_id)
-        found, self._fences[g] = self._db.wait([self._writers[g].delete.remote(doc_id)], self, [g])[0]
+        found, self._fences[g] = self._write("delete", [g], lambda _: (doc_id,))[0]
         return found
 
     def patch(self, doc_id: Any, ops: list[dict]) -> dict:
         g = self._group_of(doc_id)
-        doc, self._fences[g] = self._db.wait([self._writers[g].patch.remote(doc_id, ops)], self, [g])[0]
+        doc, self._fences[g] = self._write("patch", [g], lambda _: (doc_id, ops))[0]
         return doc
 
     def flush(self) -> None:
         """Seal every group's in-memory segments (Collection.flush)."""
-        self._db.wait([w.flush.remote() for w in self._writers], self, list(range(self.groups)))
+        self._write("flush", list(range(self.groups)), lambda _: ())
 
     def move(self, g: int, node: str, chunk_bytes: int = 8 << 20) -> None:
         """Move group ``g`` to storage node ``node``: stop its writer (its data flushed and
@@ -629,7 +638,7 @@ class ClusterCollection:
             asked[key] = True
 
     def stats(self) -> dict:
-        got = self._db.wait([w.stats.remote() for w in self._writers], self, list(range(self.groups)))
+        got = self._write("stats", list(range(self.groups)), lambda _: ())
         shards = [{**sh, "shard": g * self.k + sh["shard"], "node": self.nodes[g]}
                   for g, st in enumerate(got) for sh in st["shards"]]
         return {"name": self.name, "documents": sum(s["documents"] for s in got), "shards": shards,

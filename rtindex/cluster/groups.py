@@ -14,6 +14,7 @@ would.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import shutil
@@ -34,9 +35,15 @@ class SnapshotExpiredError(RtindexError):
     the coordinator runs the query again."""
 
 
+class GroupStoppedError(RtindexError):
+    """The group's writer was stopped for a move (ClusterCollection.move): nothing of the
+    call was written, and the coordinator sends it again to the writer on the new node."""
+
+
 class GroupWriter:
     """The writer of one shard group: the group's database, opened as its writer (a
-    restarted actor reopens it and recovers as a restarted process does)."""
+    restarted actor reopens it and recovers as a restarted process does). ``close`` waits
+    for the calls under way and refuses later ones, so none writes to a closed database."""
 
     def __init__(self, path: str, collection: str, shards: int, options: dict):
         self.path, self.name = path, collection
@@ -45,6 +52,22 @@ class GroupWriter:
         if collection not in self.db:
             self.db.create_collection(collection, shards=shards)
         self.coll = self.db.collection(collection)
+        self._idle = threading.Condition()
+        self._running = 0
+        self._stopped = False
+
+    @contextlib.contextmanager
+    def _call(self):
+        with self._idle:
+            if self._stopped:
+                raise GroupStoppedError(f"the writer of {self.name!r} at {self.path} was stopped for a move")
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
 
     def ready(self) -> bool:
         return True
@@ -52,31 +75,41 @@ class GroupWriter:
     def ingest(self, docs: list, errors: str) -> dict:
         """Store ``docs``; what the coordinator merges of the stats (positions are this
         part's). ``errors="raise"`` is the caller's: here every failure is reported."""
-        stats = self.coll.ingest(docs, errors="report", progress=False)
+        with self._call():
+            stats = self.coll.ingest(docs, errors="report", progress=False)
         return {"n": stats.n, "bytes": stats.bytes, "ids": stats.ids, "errors": stats.errors,
                 "replaced": stats.replaced, "fence": stats.fence, "doc_ids": stats.doc_ids}
 
     def delete(self, doc_id: Any) -> tuple[bool, str]:
-        return self.coll.delete(doc_id), self.coll.fence()
+        with self._call():
+            return self.coll.delete(doc_id), self.coll.fence()
 
     def patch(self, doc_id: Any, ops: list) -> tuple[dict, str]:
-        return self.coll.patch(doc_id, ops), self.coll.fence()
+        with self._call():
+            return self.coll.patch(doc_id, ops), self.coll.fence()
 
     def fence(self) -> str:
-        return self.coll.fence()
+        with self._call():
+            return self.coll.fence()
 
     def flush(self) -> None:
-        self.coll.flush()
+        with self._call():
+            self.coll.flush()
 
     def stats(self) -> dict:
-        return self.coll.stats()
+        with self._call():
+            return self.coll.stats()
 
     def drop(self) -> None:
         """Close the group's database and remove its directory (the collection is dropped)."""
-        self.db.close()
+        self.close()
         shutil.rmtree(self.path, ignore_errors=True)
 
     def close(self) -> None:
+        """Refuse new calls, wait for those under way, close the database."""
+        with self._idle:
+            self._stopped = True
+            self._idle.wait_for(lambda: self._running == 0)
         self.db.close()
 
 
