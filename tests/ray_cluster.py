@@ -16,12 +16,13 @@ OBJECT_STORE_BYTES = 80 << 20  # Ray's smallest: the tests move little
 
 
 @contextlib.contextmanager
-def started(root: str, nodes: int = 2, **options) -> Iterator[tuple[Cluster, object]]:
+def started(root: str, nodes: int = 2, local_reads: bool = False, **options) -> Iterator[tuple[Cluster, object]]:
     """A head (no storage) and ``nodes`` storage nodes named a, b, ...; the coordinator keeps
-    collections under ``root`` with the group databases opened with ``options``."""
+    collections under ``root`` with the group databases opened with ``options``, and reads
+    through the query actors unless ``local_reads`` (every node is on this machine)."""
     cluster = local(nodes)
     try:
-        yield cluster, rtindex.open_cluster(cluster.address, root=root, options=options)
+        yield cluster, rtindex.open_cluster(cluster.address, root=root, options=options, local_reads=local_reads)
     finally:
         stop(cluster)
 

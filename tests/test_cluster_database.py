@@ -144,6 +144,28 @@ def test_explain_says_what_runs_where(cdb):
     cdb.drop_collection("placed")
 
 
+def test_a_coordinator_reads_the_groups_on_its_machine_in_its_own_process(cdb, cluster):
+    c = cdb.create_collection("near", shards=4)
+    c.ingest(_docs(200))
+    near = rtindex.open_cluster(cluster[0].address, local_reads=True)
+    try:
+        for q in QUERIES:
+            assert near.sql(q.format(c="near")).rows() == cdb.sql(q.format(c="near")).rows(), q
+        text = str(near.explain("SELECT a FROM near WHERE s = 'x1'"))
+        assert text.count("read in this process (its directory is on this machine)") == 2
+        mine = near.collection("near")
+        mine.ingest([{"_id": 5000, "s": "mine"}])  # its own write, read at once
+        assert near.sql("SELECT _id FROM near WHERE s = 'mine'").rows() == [{"_id": 5000}]
+        assert mine.get(5000)["s"] == "mine"
+        cdb.drop_collection("near")  # by another coordinator
+        with pytest.raises(NotFoundError, match="no collection 'near'"):
+            near.sql("SELECT COUNT(*) FROM near")
+        with pytest.raises(rtindex.SqlError, match="no collection"):  # (forgotten)
+            near.sql("SELECT COUNT(*) FROM near")
+    finally:
+        near.close()
+
+
 def test_creating_collections_checks_what_it_is_given(cdb):
     with pytest.raises(InvalidArgumentError, match="divides"):
         cdb.create_collection("odd", shards=3, groups=2)
@@ -249,6 +271,8 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
     want = cdb.sql(q).rows()
     other = rtindex.open_cluster(c_.address)  # another coordinator, holding the old actors' handles
     assert other.sql(q).rows() == want
+    near = rtindex.open_cluster(c_.address, local_reads=True)  # reading the old directory itself
+    assert near.sql(q).rows() == want
     ray_cluster.add_node(c_, "c")
     c_.wait_for_nodes()
     qx = "SELECT s, COUNT(*) AS n FROM moving WHERE s LIKE 'x%' GROUP BY s ORDER BY s"  # not the writes below
@@ -256,10 +280,10 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
     answers, failures, acked, stop = [], [], [], threading.Event()
     writer_db = rtindex.open_cluster(c_.address)  # writes from a coordinator that is not moving anything
 
-    def read():
+    def read(db):
         while not stop.is_set():
             try:
-                answers.append(cdb.sql(qx).rows())
+                answers.append(db.sql(qx).rows())
             except Exception as e:  # noqa: BLE001 - any failure fails the test below
                 failures.append(e)
 
@@ -272,7 +296,8 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
                 acked.append(k)
             except Exception as e:  # noqa: BLE001 - any failure fails the test below
                 failures.append(e)
-    threads = [threading.Thread(target=read), threading.Thread(target=write)]
+    threads = [threading.Thread(target=read, args=(cdb,)), threading.Thread(target=read, args=(near,)),
+               threading.Thread(target=write)]
     for t in threads:
         t.start()
     try:
@@ -292,6 +317,10 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
     c.ingest(_docs(20, start=1000))
     assert c.count() == 420
     assert other.sql(q).rows() == cdb.sql(q).rows()  # its handles were of stopped actors: found again
+    assert near.caught_up(c.fence())
+    assert near.sql(q).rows() == cdb.sql(q).rows()  # the old directory is gone: it reads the new one
+    assert "on node 'c'" in str(near.explain(q))
+    near.close()
     other.collection("moving").ingest(_docs(5, start=2000))
     assert other.collection("moving").get(2001)["_id"] == 2001
     from rtindex import cli

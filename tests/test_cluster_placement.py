@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rtindex.cluster.placement import Catalog, group_path, node_names, pinned, place
+from rtindex.cluster.placement import Catalog, group_path, node_addresses, node_names, pinned, place
 from rtindex.errors import AlreadyExistsError, NotFoundError
 
 
@@ -18,6 +18,9 @@ def test_storage_nodes_are_the_live_ones_with_the_resource():
              {"Alive": True, "Resources": {"rtindex-node:a": 1}}]
     assert node_names(nodes) == ["a", "b"]
     assert pinned("a") == {"rtindex-node:a": 0.001}
+    for n, ip in zip(nodes, ["10.0.0.2", "10.0.0.1", "10.0.0.3", "10.0.0.4"]):
+        n["NodeManagerAddress"] = ip
+    assert node_addresses(nodes) == {"b": "10.0.0.2", "a": "10.0.0.4"}
 
 
 def test_groups_go_to_the_least_loaded_nodes_first():

@@ -1,6 +1,7 @@
 """The SQL suites about answers, on a real Ray cluster of 2 storage nodes, each collection
 in 4 shards (2 groups): the same records and generated queries as on one process, with the
-same expected results (tests/test_sqllogic.py, tests/test_sql_differential.py).
+same expected results (tests/test_sqllogic.py, tests/test_sql_differential.py), read by a
+coordinator through the query actors and by one reading the groups in its own process.
 
 The whole of both is slow; one sqllogic file and a few generated scenarios run by default.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 import ray_cluster
+
+import rtindex
 import sqllogic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,9 +25,21 @@ ENGINES = ("index", "scan")
 
 
 @pytest.fixture(scope="module")
-def cluster_db(tmp_path_factory):
-    with ray_cluster.started(str(tmp_path_factory.mktemp("cluster")), nodes=2, seal_rows=4) as (_, db):
+def ray_nodes(tmp_path_factory):
+    with ray_cluster.started(str(tmp_path_factory.mktemp("cluster")), nodes=2, seal_rows=4) as (cluster, db):
+        yield cluster, db
+
+
+@pytest.fixture(scope="module", params=["actors", "local"])
+def cluster_db(request, ray_nodes):
+    """A coordinator reading through the query actors, or node-local (its own process)."""
+    cluster, db = ray_nodes
+    if request.param == "actors":
         yield db
+        return
+    local = rtindex.open_cluster(cluster.address, options={"seal_rows": 4}, local_reads=True)
+    yield local
+    local.close()
 
 
 def _cases():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -25,8 +26,9 @@ from rtindex import documents
 from rtindex._impl import scan_top
 from rtindex.collection import IngestStats, check_ingest_options
 from rtindex.cluster.groups import GroupFiles, GroupReader, GroupStoppedError, GroupWriter, SnapshotExpiredError
+from rtindex.cluster.local import Answered, LocalReader
 from rtindex.cluster.placement import (
-    CATALOG, HEAD_RESOURCE, NAMESPACE, SLIVER, Catalog, group_path, node_names, pinned,
+    CATALOG, HEAD_RESOURCE, NAMESPACE, SLIVER, Catalog, group_path, node_addresses, node_names, pinned,
 )
 from rtindex.cluster.snapshot import ClusterSnapshot
 from rtindex.database import MAX_RESULT_BYTES, _canonical, check_new_collection
@@ -51,7 +53,8 @@ class ClusterDatabase:
     """The collections of a Ray cluster, with rtindex.Database's API (open it with
     rtindex.open_cluster). Several coordinators may share a cluster."""
 
-    def __init__(self, address: str, root: str | None, query_actors: int, options: dict, call_timeout: float):
+    def __init__(self, address: str, root: str | None, query_actors: int, options: dict, call_timeout: float,
+                 local_reads: bool = True):
         if isinstance(query_actors, bool) or not isinstance(query_actors, int) or query_actors < 1:
             raise InvalidArgumentError(f"query_actors must be a positive integer, not {query_actors!r}")
         if not ray.is_initialized():
@@ -63,6 +66,9 @@ class ClusterDatabase:
         self.query_actors = query_actors
         self.options = {**OPTIONS_DEFAULT, **options}
         self.call_timeout = call_timeout
+        # node-local reads (rtindex/cluster/local.py): this machine's address, None when off
+        self._here = ray.util.get_node_ip_address() if local_reads and not address.startswith("ray://") else None
+        self._addresses: dict[str, str] = {}
         self._collections: dict[str, ClusterCollection] = {}
         # the result budget is the coordinator's (it builds the results); the rest is the groups'
         self._sql = SqlEngine(self.collection, self.options.get("max_result_bytes", MAX_RESULT_BYTES))
@@ -72,6 +78,15 @@ class ClusterDatabase:
     def nodes(self) -> list[str]:
         """The storage nodes that are up (Ray nodes with an ``rtindex-node:NAME`` resource)."""
         return node_names(ray.nodes())
+
+    def on_this_machine(self, node: str) -> bool:
+        """True when storage node ``node`` runs on this process's machine and node-local
+        reads are on."""
+        if self._here is None:
+            return False
+        if node not in self._addresses:
+            self._addresses = node_addresses(ray.nodes())
+        return self._addresses.get(node) == self._here
 
     def create_collection(self, name: str, shards: int = 4, exist_ok: bool = False, *,
                           groups: int | None = None, transformation: str | None = None) -> ClusterCollection:
@@ -224,9 +239,12 @@ class ClusterDatabase:
                 "collections": {n: self.collection(n).stats() for n in self.collection_names()}, "lag": self.lag()}
 
     def close(self) -> None:
-        """Forget this coordinator's handles; the cluster's actors and data stay."""
+        """Forget this coordinator's handles and close its node-local readers; the
+        cluster's actors and data stay."""
         self._closed = True
         self._sql.close()
+        for coll in self._collections.values():
+            coll.close_local()
 
     @property
     def closed(self) -> bool:
@@ -253,13 +271,22 @@ class ClusterDatabase:
         out, gone = [], []
         for ref, g in zip(refs, groups):
             for attempt in range(2):
+                if isinstance(ref, Answered):  # (a node-local reader's)
+                    if ref.error is None:
+                        out.append(ref.value)
+                        break
+                    if not ref.moved:
+                        raise ref.error
+                    moved: Exception = ref.error
+                    coll.refresh()
+                    raise coll.unavailable([g], moved, moved=True) from None
                 try:
                     out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
                     break
                 except RayTaskError as e:
                     if not isinstance(e.cause, GroupStoppedError):
                         raise e.cause from None
-                    moved: Exception = e.cause
+                    moved = e.cause
                 except ActorDiedError as e:  # stopped for good: moved or dropped (by another coordinator)
                     moved = e
                 except (RayActorError, GetTimeoutError) as e:
@@ -322,7 +349,9 @@ class ClusterCollection:
         self.lag = (0, 0.0)  # (rows, ms) behind their writers, worst of the query actors at the last snapshot
         self._created: list[int] | None = None  # per group, when its own database made the collection
         self._writers = [self._writer(g) for g in range(self.groups)]
-        self._readers: list[list] | None = None
+        self._readers: list[list] | None = None  # per group: its query actors, or one LocalReader
+        self._stale: list[list] = []  # the readers before a refresh (local ones kept if still good)
+        self._starting = threading.Lock()
         self._turn = itertools.count()
         self._asked: dict[str, dict] = {"column_types": {}, "has_type": {}}
 
@@ -348,10 +377,17 @@ class ClusterCollection:
     def refresh(self) -> None:
         """Read the collection's placement again and find its actors by name: after another
         coordinator moved a group, the handles this one held are of stopped actors."""
-        spec = self._settled()
+        try:
+            spec = self._settled()
+        except NotFoundError:  # dropped by another coordinator: forget it here too
+            self.close_local()
+            self._db._collections.pop(self.name, None)
+            raise
         self.nodes = list(spec["nodes"])
         self._writers = [self._writer(g) for g in range(self.groups)]
-        self._readers = None
+        with self._starting:
+            if self._readers is not None:
+                self._stale, self._readers = self._readers, None
 
     def _settled(self) -> dict:
         """The collection's placement once none of its groups is moving (a writer started
@@ -373,24 +409,58 @@ class ClusterCollection:
             time.sleep(0.05)
 
     def readers(self) -> list[list]:
-        """The query actors of each group (made once the writers have made the groups)."""
-        if self._readers is None:
+        """The readers of each group (made once the writers have made the groups): its
+        query actors, or a LocalReader when its directory is on this machine."""
+        readers = self._readers
+        if readers is None:
             self.start()
-        return self._readers
+            readers = self._readers
+        return readers
 
     def start(self) -> None:
         """Wait for the writers (a new group is made by its writer), then start the readers."""
-        self._db.wait([w.ready.remote() for w in self._writers], self, list(range(self.groups)))
-        readers = [self._reader_actors(g) for g in range(self.groups)]
-        self._db.wait([r.ready.remote() for rs in readers for r in rs], self,
-                      [g for g, rs in enumerate(readers) for _ in rs])
-        self._readers = readers
+        with self._starting:
+            if self._readers is not None:
+                return
+            self._db.wait([w.ready.remote() for w in self._writers], self, list(range(self.groups)))
+            stale = {rs[0].path: rs[0] for rs in self._stale if isinstance(rs[0], LocalReader)}
+            readers = [self._reader_set(g, stale) for g in range(self.groups)]
+            actors = [(r, g) for g, rs in enumerate(readers) for r in rs if not isinstance(r, LocalReader)]
+            self._db.wait([r.ready.remote() for r, _ in actors], self, [g for _, g in actors])
+            for r in stale.values():  # (a query still reading one is run again: Answered.moved)
+                r.close()
+            self._stale, self._readers = [], readers
+
+    def _reader_set(self, g: int, stale: dict[str, LocalReader]) -> list:
+        """Group ``g``'s readers: this process's own when its directory is on this machine
+        (a good one of ``stale`` is taken from it), else its query actors."""
+        path = self._path(g)
+        if self._db.on_this_machine(self.nodes[g]) and os.path.isdir(path):
+            old = stale.pop(path, None)
+            if old is not None and not old.leaving():
+                return [old]
+            if old is not None:
+                old.close()
+            return [LocalReader(path, self.name, self._options)]
+        return self._reader_actors(g)
+
+    def close_local(self) -> None:
+        """Close this coordinator's node-local readers (ClusterDatabase.close)."""
+        with self._starting:
+            for rs in (self._readers or []) + self._stale:
+                for r in rs:
+                    if isinstance(r, LocalReader):
+                        r.close()
+            self._readers, self._stale = None, []
 
     def placement(self) -> list[str]:
         """EXPLAIN's lines: where each group's shards are read."""
+        readers = self.readers()
         return [f"  shards {g * self.k}-{g * self.k + self.k - 1} (group {g}): on node {self.nodes[g]!r}, "
-                f"written by actor {self.name}/{g}/writer, read by {self._db.query_actors} query actor(s) "
-                f"(index lookups, documents, column scans)" for g in range(self.groups)]
+                f"written by actor {self.name}/{g}/writer, read "
+                + ("in this process (its directory is on this machine) " if isinstance(readers[g][0], LocalReader)
+                   else f"by {self._db.query_actors} query actor(s) ")
+                + "(index lookups, documents, column scans)" for g in range(self.groups)]
 
     def unavailable(self, groups: list[int], cause: Exception, moved: bool = False) -> UnavailableError:
         shards = [s for g in groups for s in range(g * self.k, g * self.k + self.k)]
@@ -553,19 +623,20 @@ class ClusterCollection:
         self._write("flush", list(range(self.groups)), lambda _: ())
 
     def move(self, g: int, node: str, chunk_bytes: int = 8 << 20) -> None:
-        """Move group ``g`` to storage node ``node``: stop its writer (its data flushed and
-        closed), copy its directory there in chunks, start its writer and query actors there,
-        then stop the old query actors (which served reads until then) and remove the old
-        directory."""
+        """Move group ``g`` to storage node ``node``: mark the old directory as leaving, stop
+        its writer (its data flushed and closed), copy the directory there in chunks, start
+        its writer and readers there, then stop the old readers (which served reads until
+        then) and remove the old directory."""
         old_node, old_path, old_readers = self.nodes[g], self._path(g), self.readers()[g]
         ray.get(self._db._catalog.begin_move.remote(self.name, g, node))
+        files = ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(old_node))
+        src, dst = files.remote(), ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(node)).remote()
+        ray.get(src.mark.remote(old_path))
         try:
             ray.get(self._writers[g].close.remote(), timeout=self._db.call_timeout)
         except (RayActorError, GetTimeoutError):
             pass  # (stopped already: a move that stopped half way, finished now)
         ray.kill(self._writers[g], no_restart=True)
-        files = ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(old_node))
-        src, dst = files.remote(), ray.remote(GroupFiles).options(num_cpus=0, resources=pinned(node)).remote()
         new_path = group_path(self._db.root, node, self.name, g)
         ray.get(dst.remove.remote(new_path))  # (the remains of an earlier move that stopped)
         for rel, size in ray.get(src.listing.remote(old_path)):
@@ -580,12 +651,17 @@ class ClusterCollection:
         self.nodes = list(spec["nodes"])
         self._writers[g] = self._writer(g)
         self._db.wait([self._writers[g].ready.remote()], self, [g])
-        new_readers = self._reader_actors(g)
-        self._db.wait([r.ready.remote() for r in new_readers], self, [g] * len(new_readers))
+        new_readers = self._reader_set(g, {})
+        actors = [r for r in new_readers if not isinstance(r, LocalReader)]
+        self._db.wait([r.ready.remote() for r in actors], self, [g] * len(actors))
         self._readers[g] = new_readers
+        old_actors = [r for r in old_readers if not isinstance(r, LocalReader)]
         for r in old_readers:
-            ray.kill(r, no_restart=True)
-        _wait_dead(old_readers, self._db.call_timeout)  # (a reader still up would see its files go)
+            if isinstance(r, LocalReader):
+                r.close()
+            else:
+                ray.kill(r, no_restart=True)
+        _wait_dead(old_actors, self._db.call_timeout)  # (a reader still up would see its files go)
         ray.get(src.remove.remote(old_path))
         for a in (src, dst):
             ray.kill(a)
@@ -594,7 +670,10 @@ class ClusterCollection:
         """Remove the collection's actors and directories (ClusterDatabase.drop_collection)."""
         for rs in self.readers():
             for r in rs:
-                ray.kill(r, no_restart=True)
+                if isinstance(r, LocalReader):
+                    r.close()
+                else:
+                    ray.kill(r, no_restart=True)
         self._db.wait([w.drop.remote() for w in self._writers], self, list(range(self.groups)))
         for w in self._writers:
             ray.kill(w, no_restart=True)
@@ -604,9 +683,15 @@ class ClusterCollection:
         rs = self.readers()[g]
         return rs[next(self._turn) % len(rs)]
 
+    @staticmethod
+    def _ask(reader: Any, method: str, *args: Any) -> Any:
+        """``method(*args)`` of a group's reader: a Ray call of a query actor, or a call in
+        this process of a LocalReader."""
+        return reader.ask(method, *args) if isinstance(reader, LocalReader) else getattr(reader, method).remote(*args)
+
     def get(self, doc_id: Any) -> dict | None:
         g = self._group_of(doc_id)
-        return self._db.wait([self._reader(g).get.remote(doc_id, self._fences[g])], self, [g])[0]
+        return self._db.wait([self._ask(self._reader(g), "get", doc_id, self._fences[g])], self, [g])[0]
 
     def count(self) -> int:
         return self.snapshot().count()
@@ -616,19 +701,24 @@ class ClusterCollection:
     def snapshot(self) -> ClusterSnapshot:
         """One consistent read of every group, each as of at least this coordinator's
         last write to it (rtindex/cluster/snapshot.py)."""
+        if any(isinstance(rs[0], LocalReader) and rs[0].leaving() for rs in self.readers()):
+            spec = ray.get(self._db._catalog.specs.remote()).get(self.name)
+            if spec is None or spec["nodes"] != self.nodes:  # (moved, or dropped: else still moving)
+                self.refresh()
         readers = [self._reader(g) for g in range(self.groups)]
         typed, has = list(self._asked["column_types"]), list(self._asked["has_type"])
         groups = list(range(self.groups))
         fences = list(self._fences)
 
         def opener(then: dict[int, tuple]) -> list:
-            refs = [r.open.remote(fences[g], typed, has, then.get(g)) for g, r in enumerate(readers)]
+            refs = [self._ask(r, "open", fences[g], typed, has, then.get(g)) for g, r in enumerate(readers)]
             opened = self._db.wait(refs, self, groups)
             self.lag = (sum(o[6]["rows"] for o in opened), max(o[6]["ms"] for o in opened))
             return opened
 
         def fanout(calls: list[tuple[int, int, str, tuple, dict]]) -> list:
-            refs = [readers[g].call.remote(token, method, args, kwargs) for g, token, method, args, kwargs in calls]
+            refs = [self._ask(readers[g], "call", token, method, args, kwargs)
+                    for g, token, method, args, kwargs in calls]
             return self._db.wait(refs, self, [c[0] for c in calls])
         return ClusterSnapshot(self.name, self.k, self.groups, opener, fanout, typed, has, self._remember)
 

@@ -28,6 +28,7 @@ from rtindex.snapshot import Postings
 
 SNAPSHOTS_KEPT = 256  # pinned snapshots per query actor; a query older than that many is retried
 FENCE_WAIT_SECONDS = 10.0
+MOVING_MARK = "rtindex-moving"  # a file in a group's old directory while the group moves away
 
 
 class SnapshotExpiredError(RtindexError):
@@ -202,13 +203,22 @@ class GroupFiles:
     def ready(self) -> bool:
         return True
 
+    def mark(self, path: str) -> None:
+        """Mark the directory as leaving (rtindex/cluster/local.py): its readers elsewhere
+        in this machine's processes look where the group went."""
+        if os.path.isdir(path):  # (a move that stopped half way may have removed it)
+            with open(os.path.join(path, MOVING_MARK), "wb") as f:
+                os.fsync(f.fileno())
+
     def listing(self, path: str) -> list[tuple[str, int]]:
-        """(path relative to ``path``, bytes) of every file under it."""
+        """(path relative to ``path``, bytes) of every file under it but the mark."""
         out = []
         for root, _, files in os.walk(path):
             for f in files:
                 full = os.path.join(root, f)
-                out.append((os.path.relpath(full, path), os.path.getsize(full)))
+                rel = os.path.relpath(full, path)
+                if rel != MOVING_MARK:
+                    out.append((rel, os.path.getsize(full)))
         return sorted(out)
 
     def read(self, path: str, rel: str, offset: int, size: int) -> bytes:

@@ -32,6 +32,12 @@ def node_names(nodes: list[dict]) -> list[str]:
                   for k in n.get("Resources", {}) if k.startswith(NODE_RESOURCE))
 
 
+def node_addresses(nodes: list[dict]) -> dict[str, str]:
+    """Storage node name -> the IP address of its machine, of ``ray.nodes()`` that are alive."""
+    return {k[len(NODE_RESOURCE):]: n["NodeManagerAddress"] for n in nodes if n.get("Alive")
+            for k in n.get("Resources", {}) if k.startswith(NODE_RESOURCE)}
+
+
 def pinned(node: str) -> dict[str, float]:
     """Actor resources that place it on storage node ``node``."""
     return {NODE_RESOURCE + node: SLIVER}
