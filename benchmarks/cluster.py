@@ -48,19 +48,26 @@ handful of events), email addresses that occur, random cities.
 
 3. Overhead on one machine (the cluster of ``OVERHEAD_NODES`` storage nodes of step 2, or
    one started for it when that count is not in ``--nodes``), against the one process,
-   both holding the same flushed data:
+   all holding the same flushed data. Two coordinators of the cluster: ``cluster``, as
+   ``open_cluster`` opens one by default (the groups whose directories are on its machine,
+   here all of them, read in its own process: rtindex/cluster/local.py), and ``actors``
+   (``local_reads=False``: every group read through its query actor, as a coordinator on
+   a machine without storage reads; steps 2's coordinator is of this kind, so that the
+   storage nodes do the reading their CPU figures are of).
 
    * point query ``SELECT * FROM events WHERE _id = :id`` on random stored ``_id`` values,
-     run in blocks that alternate between the two (local, cluster, cluster, local, ...),
-     ``BLOCKS`` blocks each, ``--seconds`` per side in all; a block's p50 latency, then the
-     median over each side's blocks: ``point_overhead_ms`` = cluster - local.
-     Where that time goes, in the cluster: ``ray_call_p50_ms`` (a no-op call of a query
+     run in blocks that alternate between the three (local, cluster, actors, then the
+     reverse, ...), ``BLOCKS`` blocks each, ``--seconds`` per side in all; a block's p50
+     latency, then the median over each side's blocks: ``point_overhead_ms`` = cluster -
+     local, ``point_overhead_ms_actors`` = actors - local.
+     Where the actors' time goes: ``ray_call_p50_ms`` (a no-op call of a query
      actor: one round trip), ``snapshot_open_p50_ms`` (``collection.snapshot().count()``:
      every group's query actor pins its snapshot, one round trip to every group, the first
      of a query) and ``get_p50_ms`` (``collection.get``: one round trip to the one group of
      the ``_id``).
-   * the CTR query, random city, likewise: ``ctr_ratio`` = cluster p50 / local p50.
-   * ``answers_equal``: a fixed list of queries (point by ``_id``, processBy, emails,
+   * the CTR query, random city, likewise: ``ctr_ratio`` = cluster p50 / local p50,
+     ``ctr_ratio_actors`` = actors p50 / local p50.
+   * ``answers_equal`` (both coordinators): a fixed list of queries (point by ``_id``, processBy, emails,
      CTR of a few cities, an absent value of each, COUNT and GROUP BY over the events and
      the clicks) answered by both; ``rows()`` must be equal, floats within ``REL_TOL``
      relative, as multisets when the query has no ORDER BY, else in the returned order,
@@ -88,7 +95,9 @@ Progress and PASS/FAIL lines for the targets (``point_overhead_ms`` at most
 ``TARGET_POINT_OVERHEAD_MS``, ``ctr_ratio`` at most ``TARGET_CTR_RATIO``, ``answers_equal``)
 go to stderr; a summary table to stdout, and as the LAST line one JSON object:
 ``answers_equal``, ``point_overhead_ms``, ``point_p50_ms_local``, ``point_p50_ms_cluster``,
-``ctr_ratio``, ``ctr_p50_ms_local``, ``ctr_p50_ms_cluster``, the round-trip figures,
+``ctr_ratio``, ``ctr_p50_ms_local``, ``ctr_p50_ms_cluster``, the same through the query
+actors (``point_overhead_ms_actors``, ``point_p50_ms_actors``, ``ctr_ratio_actors``,
+``ctr_p50_ms_actors``), the round-trip figures,
 ``ingest_docs_per_s``, ``processby_qps``, ``ctr_qps`` (and p50s), the CPU figures (dicts:
 node count -> value, or -> list of per-node values), ``predicted_ingest_docs_per_s``,
 ``predicted_query_qps`` (per query kind), ``query_model``, the one process's figures
@@ -287,7 +296,8 @@ class LocalCluster:
                             for name in NODE_NAMES[:n]]
             self.cluster.wait_for_nodes()
             import rtindex
-            self.db = rtindex.open_cluster(self.cluster.address, root=root, options=dict(OPEN_OPTIONS))
+            self.db = rtindex.open_cluster(self.cluster.address, root=root, options=dict(OPEN_OPTIONS),
+                                           local_reads=False)
         except BaseException:
             ray.shutdown()
             self.cluster.shutdown()
@@ -521,8 +531,8 @@ def scale_step(c: LocalCluster, w: Workload, seconds: float, measure: bool) -> d
 
 
 def alternate(label: str, fns: dict[str, Callable[[dict], Any]], params: list[dict], seconds: float) -> dict:
-    """BLOCKS blocks per side, alternating (local, cluster, cluster, local, ...), ``seconds``
-    per side in all; each side's block p50s and their median."""
+    """BLOCKS blocks per side, alternating (the sides in order, then reversed, ...),
+    ``seconds`` per side in all; each side's block p50s and their median."""
     block = seconds / BLOCKS
     at = {side: run_for(fn, params, min(1.0, seconds / 4))[1] for side, fn in fns.items()}  # warm-up
     p50s: dict[str, list[float]] = {side: [] for side in fns}
@@ -565,19 +575,26 @@ def round_trips(c: LocalCluster, w: Workload) -> dict[str, float]:
 
 
 def overhead_step(c: LocalCluster, w: Workload, local_path: str, seconds: float) -> dict[str, Any]:
+    import rtindex
+
     ldb = open_local(local_path)
+    near = rtindex.open_cluster(c.cluster.address)  # node-local reads, as by default
     try:
-        cdb = c.db
+        adb = c.db
         out: dict[str, Any] = {}
-        log(f"EXPLAIN (cluster) of the point query:\n{cdb.explain(RT_POINT, {'id': w.ids[0]})}")
-        out["point"] = alternate("point", {"local": sql_fn(ldb, RT_POINT), "cluster": sql_fn(cdb, RT_POINT)},
-                                 w.point, seconds)
-        out["ctr"] = alternate("CTR", {"local": sql_fn(ldb, RT_CTR), "cluster": sql_fn(cdb, RT_CTR)},
-                               w.ctr, seconds)
+        for name, db in (("cluster", near), ("actors", adb)):
+            log(f"EXPLAIN ({name}) of the point query:\n{db.explain(RT_POINT, {'id': w.ids[0]})}")
+        dbs = {"local": ldb, "cluster": near, "actors": adb}
+        out["point"] = alternate("point", {k: sql_fn(db, RT_POINT) for k, db in dbs.items()}, w.point, seconds)
+        out["ctr"] = alternate("CTR", {k: sql_fn(db, RT_CTR) for k, db in dbs.items()}, w.ctr, seconds)
         out["round_trips"] = round_trips(c, w)
-        out["checked"], out["mismatches"] = compare_answers(w, cdb, ldb)
+        checked, near_bad = compare_answers(w, near, ldb)
+        _, actors_bad = compare_answers(w, adb, ldb)
+        out["checked"], out["mismatches"] = checked, [f"{q} (cluster)" for q in near_bad] + [
+            f"{q} (actors)" for q in actors_bad]
         return out
     finally:
+        near.close()
         ldb.close()
 
 
@@ -747,6 +764,10 @@ def figures(scale: dict[int, dict], local: dict | None, over: dict | None, error
         "ctr_ratio": ctr["cluster"] / ctr["local"] if ctr else None,
         "ctr_p50_ms_local": ctr.get("local"),
         "ctr_p50_ms_cluster": ctr.get("cluster"),
+        "point_overhead_ms_actors": pt["actors"] - pt["local"] if pt else None,
+        "point_p50_ms_actors": pt.get("actors"),
+        "ctr_ratio_actors": ctr["actors"] / ctr["local"] if ctr else None,
+        "ctr_p50_ms_actors": ctr.get("actors"),
         **(o.get("round_trips") or {"ray_call_p50_ms": None, "snapshot_open_p50_ms": None, "get_p50_ms": None}),
         "point_block_p50s_ms": o.get("point", {}).get("blocks"),
         "ctr_block_p50s_ms": o.get("ctr", {}).get("blocks"),
@@ -790,10 +811,12 @@ def print_summary(r: dict[str, Any]) -> None:
           f"{r['seconds']:g}s per measurement; every node on this machine")
     print(f"overhead ({OVERHEAD_NODES} storage nodes vs one process):")
     print(f"  point p50: local {f(r['point_p50_ms_local'], 3)} ms, cluster {f(r['point_p50_ms_cluster'], 3)} ms, "
-          f"overhead {f(r['point_overhead_ms'], 3)} ms (one actor round trip {f(r['ray_call_p50_ms'], 3)} ms, "
+          f"overhead {f(r['point_overhead_ms'], 3)} ms; through query actors {f(r['point_p50_ms_actors'], 3)} ms, "
+          f"overhead {f(r['point_overhead_ms_actors'], 3)} ms (one actor round trip {f(r['ray_call_p50_ms'], 3)} ms, "
           f"snapshot open {f(r['snapshot_open_p50_ms'], 3)} ms, get {f(r['get_p50_ms'], 3)} ms)")
     print(f"  CTR p50: local {f(r['ctr_p50_ms_local'])} ms, cluster {f(r['ctr_p50_ms_cluster'])} ms, "
-          f"ratio {f(r['ctr_ratio'])}")
+          f"ratio {f(r['ctr_ratio'])}; through query actors {f(r['ctr_p50_ms_actors'])} ms, "
+          f"ratio {f(r['ctr_ratio_actors'])}")
     print(f"  answers equal: {r['answers_equal']} ({r['answers_checked']} queries"
           + (f"; differ: {', '.join(r['answers_differ'])}" if r.get("answers_differ") else "") + ")")
     print(f"{'nodes':>6} {'ingest/s':>10} {'pB q/s':>8} {'CTR q/s':>8} {'ingest CPU s/1k: coord':>23} "
