@@ -13,8 +13,9 @@ import ray
 import ray_cluster
 
 import rtindex
+from rtindex.cluster import database
 from rtindex.cluster.placement import NAMESPACE
-from rtindex.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnavailableError
+from rtindex.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, StorageError, UnavailableError
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +165,24 @@ def test_a_coordinator_reads_the_groups_on_its_machine_in_its_own_process(cdb, c
             near.sql("SELECT COUNT(*) FROM near")
     finally:
         near.close()
+
+
+def test_a_group_it_cannot_open_here_is_read_through_its_query_actors(cdb, cluster, monkeypatch, caplog):
+    c = cdb.create_collection("far", shards=2, groups=2)
+    c.ingest(_docs(30))
+
+    class Unreadable(database.LocalReader):
+        def __init__(self, path: str, *_):
+            raise StorageError(f"cannot open {path}")
+    monkeypatch.setattr(database, "LocalReader", Unreadable)
+    near = rtindex.open_cluster(cluster[0].address, local_reads=True)
+    try:
+        assert near.sql("SELECT COUNT(*) AS n FROM far").rows() == [{"n": 30}]
+        assert str(near.explain("SELECT * FROM far")).count("read by 1 query actor(s)") == 2
+        assert "through its query actors: cannot open" in caplog.text
+    finally:
+        near.close()
+    cdb.drop_collection("far")
 
 
 def test_creating_collections_checks_what_it_is_given(cdb):

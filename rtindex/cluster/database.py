@@ -42,6 +42,8 @@ from rtindex.sql.engine import SqlEngine
 from rtindex.sql.plan import Plan
 from rtindex.sql.result import Result
 
+log = logging.getLogger("rtindex")
+
 NOT_YET = "{what} are not available on a cluster's collections yet (docs/scale-out.md)"
 SEND_DOCS = 5000  # documents routed per round of writes to the groups
 ATTEMPTS = 3  # runs of a query whose snapshot a restarted query actor no longer holds
@@ -441,7 +443,10 @@ class ClusterCollection:
                 return [old]
             if old is not None:
                 old.close()
-            return [LocalReader(path, self.name, self._options)]
+            try:
+                return [LocalReader(path, self.name, self._options)]
+            except (RtindexError, OSError) as e:  # (not readable from here: its query actors can)
+                log.warning("rtindex: reading group %d of %r through its query actors: %s", g, self.name, e)
         return self._reader_actors(g)
 
     def close_local(self) -> None:
