@@ -520,7 +520,8 @@ class ClusterCollection:
     def _group_created(self) -> list[int]:
         """When each group's own database made the collection (what its fences carry)."""
         if self._created is None:
-            self._created = [Fence.parse(f).created for f in self._write("fence", list(range(self.groups)), lambda _: ())]
+            fences = self._write("fence", list(range(self.groups)), lambda _: ())
+            self._created = [Fence.parse(f).created for f in fences]
         return self._created
 
     def ingest(self, docs: Any, batch_size: int = 1000, *, errors: str = "warn",
