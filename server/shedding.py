@@ -29,11 +29,12 @@ class LoopLag:
     query runs on the loop itself, and a freed slot is taken again at once. When the loop is
     the bottleneck, every request waits in the kernel until the loop reaches it, admitted or
     not, and no slot count shows it. A timer every ``tick`` seconds measures how late the loop
-    runs it; when even the least late tick of a ``window`` is past ``target`` (a standing
-    backlog, not one long query) and the loop's thread computed through at least ``busy`` of
-    it (the loop is the bottleneck, so refusing some requests helps the rest: a loop that is
-    late because the machine is busy, or because a query's thread holds the interpreter,
-    refuses nobody), the share of queries refused at once grows by ``step``; otherwise it
+    runs it; when even the least late tick of a ``window`` is past ``target``, the window
+    had two ticks or more (a standing backlog, not one long call: a loop held through a
+    whole window runs one tick in it), and the loop's thread computed through at least
+    ``busy`` of it (the loop is the bottleneck, so refusing some requests helps the rest: a
+    loop that is late because the machine is busy, or because a query's thread holds the
+    interpreter, refuses nobody), the share of queries refused at once grows by ``step``; otherwise it
     shrinks by a quarter of that. ``target`` 0 turns this off.
     The timer runs only while queries come: a window without one, and nothing refused,
     stops it until the next.
@@ -52,6 +53,7 @@ class LoopLag:
         self._handle: asyncio.TimerHandle | None = None
         self._due = self._window_end = 0.0
         self._least = float("inf")
+        self._ticks = 0  # in this window
         self._asked = False  # refuses() was called in this window
         self._cpu = self._window_start = 0.0  # the loop thread's CPU time and the loop's time at the window's start
 
@@ -77,6 +79,7 @@ class LoopLag:
         self._window_start, self._cpu = now, time.thread_time()
         self._window_end = now + self.window
         self._least = float("inf")
+        self._ticks = 0
         self._arm(now)
 
     def _arm(self, now: float) -> None:
@@ -86,16 +89,17 @@ class LoopLag:
     def _tick(self) -> None:
         now = self._loop.time()
         self._least = min(self._least, now - self._due)
+        self._ticks += 1
         if now >= self._window_end:
             self.lag = self._least
             cpu = time.thread_time()
             computing = cpu - self._cpu >= self.busy * (now - self._window_start)
             self._window_start, self._cpu = now, cpu
-            if self._least > self.target and computing:
+            if self._least > self.target and self._ticks >= 2 and computing:
                 self.share = min(1.0, self.share + self.step)
             else:
                 self.share = max(0.0, self.share - self.step / 4)
-            self._least = float("inf")
+            self._least, self._ticks = float("inf"), 0
             self._window_end = now + self.window
             if not self._asked and self.share == 0.0:
                 self._handle = None  # idle: refuses() starts it again

@@ -182,6 +182,17 @@ def test_loop_lag_never_sheds_when_the_loop_is_late_without_computing():
     assert _run_lag(3, 0.3, lag, computing=False) == 0.0  # late, but waiting: a busy machine
 
 
+def test_loop_lag_never_sheds_for_one_long_call_on_the_loop():
+    async def main():
+        lag = LoopLag(target=0.001)
+        lag.start()
+        _compute(0.06)  # a long call on the loop (a collection opened there) as the window begins
+        await asyncio.sleep(0.001)  # (the late tick runs, and ends the window)
+        lag.stop()
+        return lag.share
+    assert asyncio.run(main()) == 0.0
+
+
 def test_loop_lag_ticks_only_while_queries_come():
     async def main():
         lag = LoopLag(target=0.001)
