@@ -215,6 +215,7 @@ def test_a_second_coordinator_sees_the_same_collections(cdb, cluster):
     assert got.count() == 25
     with pytest.raises(InvalidArgumentError, match="keeps its collections under"):
         rtindex.open_cluster(cluster[0].address, root="/elsewhere")
+    other.close()
     cdb.drop_collection("shared")
 
 
@@ -288,7 +289,7 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
     c.ingest(_docs(400))
     q = "SELECT s, COUNT(*) AS n, SUM(a) AS sa FROM moving GROUP BY s ORDER BY s"
     want = cdb.sql(q).rows()
-    other = rtindex.open_cluster(c_.address)  # another coordinator, holding the old actors' handles
+    other = rtindex.open_cluster(c_.address, local_reads=False)  # another coordinator, holding the old actors' handles
     assert other.sql(q).rows() == want
     near = rtindex.open_cluster(c_.address, local_reads=True)  # reading the old directory itself
     assert near.sql(q).rows() == want
@@ -349,4 +350,6 @@ def test_rebalance_moves_a_group_to_a_new_node_while_the_collection_stays_readab
     ray.get(cdb._catalog.begin_move.remote("moving", 0, "b"))
     assert [(m["group"], m["to"]) for m in cdb.rebalance()][0] == (0, "b")
     assert cdb.sql(q).rows() == other.sql(q).rows() and c.count() == 425
+    other.close()
+    writer_db.close()
     cdb.drop_collection("moving")

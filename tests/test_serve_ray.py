@@ -50,5 +50,6 @@ def test_the_service_serves_a_clusters_collections(served):
     # the collections are the cluster's: a coordinator of its own sees them
     mine = rtindex.open_cluster(cluster.address)
     assert mine.collection("events").count() == 299
+    mine.close()
     db.drop_collection("events")
     assert "events" not in db.collection_names()
