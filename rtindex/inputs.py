@@ -166,10 +166,13 @@ def _elements_at(doc: Any, json_path: str) -> Input:
 def array_of_objects(doc: Any, depth: int = 3) -> tuple[str, int] | None:
     """(dotted path, length) of the longest array of objects (2 or more) in ``doc``, looked
     for ``depth`` objects deep: what a JSON file that is one object usually holds the
-    documents in (a tweet search's ``statuses``, an API's ``data``)."""
+    documents in (a tweet search's ``statuses``, an API's ``data``). Only paths that a
+    ``json_path`` can name: no empty key, no key with a dot."""
     best = None
     if isinstance(doc, dict) and depth:
         for key, value in doc.items():
+            if not isinstance(key, str) or not key or "." in key:
+                continue
             if isinstance(value, list) and len(value) >= 2 and all(isinstance(v, dict) for v in value[:100]):
                 found = (key, len(value))
             else:

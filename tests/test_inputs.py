@@ -683,3 +683,4 @@ def test_array_of_objects_finds_the_longest_array_of_objects():
     assert array_of_objects(API_ANSWER) == ("statuses", 3)
     assert array_of_objects({"a": {"b": {"c": [{}, {}]}}}) == ("a.b.c", 2)
     assert array_of_objects({"a": [1, 2, 3], "b": [{}], "c": "x"}) is None
+    assert array_of_objects({"": [{}, {}], "x.y": [{}, {}, {}], "o": {"": [{}, {}]}}) is None  # json_path cannot name them

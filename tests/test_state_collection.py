@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 
 import orjson
 import pytest
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import rtindex
-from rtindex import ClosedError, NotFoundError, SchemaError
+from rtindex import ClosedError, IngestWarning, NotFoundError, SchemaError
 from rtindex.documents import EVENT_TIME_MAX_US, EVENT_TIME_MIN_US
 
 # ---------------------------------------------------------------------------- generation
@@ -442,7 +443,12 @@ class CollectionMachine(RuleBasedStateMachine):
 
     def _ingest(self, batch, fmt, batch_size):
         before = [canon(d) for d, _ in batch]
-        stats = self.coll.ingest(self._feed([d for d, _ in batch], fmt), batch_size=batch_size)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stats = self.coll.ingest(self._feed([d for d, _ in batch], fmt), batch_size=batch_size)
+        # JSON text of one object holding an array of objects is stored, with a note saying so
+        assert all(isinstance(w.message, IngestWarning) and str(w.message) in stats.notes for w in caught), \
+            [str(w.message) for w in caught]
         assert [canon(d) for d, _ in batch] == before, "ingest changed the caller's documents"
         assert stats.errors == [], stats.errors
         first_seen = list(dict.fromkeys(idkey(d["_id"]) for d, _ in batch))  # an _id twice counts once
